@@ -1,0 +1,1 @@
+"""BDD acceptance scenarios run against a real local cluster."""

@@ -1,0 +1,1 @@
+"""Public gRPC and REST API of lattice-server."""

@@ -1,0 +1,1 @@
+"""The lattice command line."""

@@ -1,0 +1,1 @@
+"""Shared vocabulary of Lattice: domain types, state machines, config, errors, wire contract."""

@@ -1,0 +1,213 @@
+"""The vocabulary of Lattice as plain data.
+
+Every process (quorum, API, scheduler, agent, CLI) speaks in these records. They are
+msgspec Structs so that they are cheap to copy, encode (JSON/msgpack) and pickle into
+the Raft journal. Field names are the specification's and match the proto messages in
+``proto/lattice/v1`` so a record converts to its wire message through a plain dict.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class AllocationState(enum.StrEnum):
+    PENDING = "Pending"
+    STAGING = "Staging"
+    RUNNING = "Running"
+    CHECKPOINTING = "Checkpointing"
+    SUSPENDED = "Suspended"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @classmethod
+    def parse(cls, text: str) -> AllocationState:
+        """Case-insensitive lookup (`running`, `Running`, `RUNNING`)."""
+        for s in cls:
+            if s.value.lower() == text.strip().lower():
+                return s
+        raise ValueError(text)
+
+
+TERMINAL_STATES = frozenset(
+    {AllocationState.COMPLETED, AllocationState.FAILED, AllocationState.CANCELLED}
+)
+# States in which an allocation holds nodes.
+HOLDING_STATES = frozenset(
+    {AllocationState.STAGING, AllocationState.RUNNING, AllocationState.CHECKPOINTING}
+)
+
+
+class LifecycleType(enum.StrEnum):
+    BOUNDED = "bounded"
+    UNBOUNDED = "unbounded"
+    REACTIVE = "reactive"
+
+
+class RequeuePolicy(enum.StrEnum):
+    NEVER = "never"
+    ON_NODE_FAILURE = "on_node_failure"
+    ALWAYS = "always"
+
+
+class NodeState(enum.StrEnum):
+    UNKNOWN = "Unknown"
+    BOOTING = "Booting"
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    DOWN = "Down"
+    DRAINING = "Draining"
+    DRAINED = "Drained"
+    FAILED = "Failed"
+
+    @classmethod
+    def parse(cls, text: str) -> NodeState:
+        for s in cls:
+            if s.value.lower() == text.strip().lower():
+                return s
+        raise ValueError(text)
+
+
+class SchedulerType(enum.StrEnum):
+    HPC_BACKFILL = "hpc-backfill"
+    SERVICE_BINPACK = "service-binpack"
+    SENSITIVE_RESERVATION = "sensitive-reservation"
+    INTERACTIVE_FIFO = "interactive-fifo"
+
+
+class CostWeights(msgspec.Struct, kw_only=True):
+    """w1..w9 of Score(j) = sum w_i * f_i(j). Default is the specification's balanced HPC baseline."""
+
+    priority: float = 0.20
+    wait_time: float = 0.20
+    fair_share: float = 0.20
+    topology: float = 0.15
+    data_readiness: float = 0.10
+    backlog: float = 0.05
+    energy: float = 0.00
+    checkpoint_efficiency: float = 0.00
+    conformance: float = 0.10
+
+
+class Constraints(msgspec.Struct, kw_only=True, omit_defaults=True):
+    gpu_type: str = ""
+    gpu_count: int = 0
+    features: list[str] = msgspec.field(default_factory=list)
+    memory_gb: int = 0
+    topology: str = ""  # "tight" | "any" | ""
+
+
+class AllocationSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a user asks for. Validated by the API before anything is stored."""
+
+    entrypoint: str
+    tenant: str
+    vcluster: str
+    nodes: int = 1
+    walltime_seconds: int = 0  # 0 = none (only for unbounded/reactive)
+    lifecycle: LifecycleType = LifecycleType.BOUNDED
+    preemption_class: int = 5
+    name: str = ""
+    project: str = ""
+    user: str = ""
+    constraints: Constraints = msgspec.field(default_factory=Constraints)
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    submit_dir: str = ""
+    uenv: str = ""
+    requeue_policy: RequeuePolicy = RequeuePolicy.ON_NODE_FAILURE
+    max_requeue: int = 3
+    tags: dict[str, str] = msgspec.field(default_factory=dict)
+    request_id: str = ""  # client idempotency key
+
+
+class Allocation(msgspec.Struct, kw_only=True):
+    id: str
+    spec: AllocationSpec
+    state: AllocationState = AllocationState.PENDING
+    assigned_nodes: list[str] = msgspec.field(default_factory=list)
+    submitted_at: float = 0.0  # original submit time, kept across requeues
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    reason: str = ""  # e.g. walltime_exceeded, cancelled, node_failure
+    requeue_count: int = 0
+    preempted_count: int = 0
+    revision: int = 0  # GlobalState revision of the last change
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class NodeCapabilities(msgspec.Struct, kw_only=True, omit_defaults=True):
+    cpu_cores: int = 0
+    memory_gb: int = 0
+    gpu_type: str = ""
+    gpu_count: int = 0
+    features: list[str] = msgspec.field(default_factory=list)
+
+
+class Node(msgspec.Struct, kw_only=True):
+    id: str
+    hostname: str = ""
+    state: NodeState = NodeState.UNKNOWN
+    capabilities: NodeCapabilities = msgspec.field(default_factory=NodeCapabilities)
+    group: int = 0  # dragonfly topology group
+    conformance_group: str = ""
+    agent_address: str = ""  # host:port of the agent's NodeAgentService
+    owner: str = ""  # allocation id holding the node, "" when free
+    owner_tenant: str = ""
+    owner_vcluster: str = ""
+    home_vcluster: str = ""
+    disabled: bool = False
+    state_reason: str = ""
+    registered_at: float = 0.0
+    revision: int = 0
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state == NodeState.READY and not self.owner
+
+
+class Tenant(msgspec.Struct, kw_only=True):
+    name: str
+    max_nodes: int | None = None  # hard
+    max_concurrent_allocations: int | None = None  # hard
+    fair_share_target: float = 0.0  # soft
+    burst_allowance: float = 0.0  # soft
+    gpu_hours_budget: float | None = None  # soft
+    node_hours_budget: float | None = None  # soft
+    isolation: str = "standard"  # standard | strict (sensitive)
+    created_at: float = 0.0
+    revision: int = 0
+
+
+class VCluster(msgspec.Struct, kw_only=True):
+    name: str
+    scheduler_type: SchedulerType = SchedulerType.HPC_BACKFILL
+    tenant: str = ""  # "" = shared by all tenants
+    weights: CostWeights = msgspec.field(default_factory=CostWeights)
+    cycle_interval_seconds: float = 5.0
+    backfill_depth: int = 10
+    allow_borrowing: bool = True
+    created_at: float = 0.0
+    revision: int = 0
+
+
+class AllocationReport(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What an agent reports about one allocation it runs (actual state)."""
+
+    allocation_id: str
+    phase: str  # "running" | "exited"
+    pid: int = 0
+    exit_code: int | None = None
+    reason: str = ""
+    started_at: float | None = None
+    finished_at: float | None = None

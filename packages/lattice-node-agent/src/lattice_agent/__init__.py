@@ -1,0 +1,1 @@
+"""Per-node agent: registration, heartbeats, desired-state reconcile, process runtime."""

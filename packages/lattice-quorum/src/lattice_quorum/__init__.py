@@ -1,0 +1,1 @@
+"""Raft quorum member: replicated GlobalState and the commands that change it."""

@@ -1,0 +1,1 @@
+"""vCluster scheduling loops: ordering, placement, proposals to the quorum."""

@@ -1,0 +1,1 @@
+"""Async Python client for the Lattice REST API."""

@@ -1,0 +1,1 @@
+"""Pytest fixtures that start real local Lattice clusters."""
