@@ -1,0 +1,72 @@
+"""Allocation logs for the API: fetched live from the agent of the allocation's head
+node over NodeAgentService.StreamLogs (the agent serves its ring buffer, then its
+on-disk log files)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from lattice_common.errors import NotFound, Unavailable
+from lattice_common.proto.lattice import v1
+from lattice_common.types import Allocation, AllocationState
+from lattice_quorum.member import QuorumMember
+
+
+class LogProxy:
+    def __init__(self, member: QuorumMember, *, agent_token: str | None = None) -> None:
+        self.member = member
+        self._channels: dict[str, Channel] = {}
+        self._metadata = {"authorization": f"Bearer {agent_token}"} if agent_token else None
+
+    def _agent(self, alloc: Allocation) -> tuple[str, v1.NodeAgentServiceStub]:
+        if alloc.state == AllocationState.PENDING or not alloc.assigned_nodes:
+            raise NotFound(
+                f"allocation {alloc.id} has no output yet ({alloc.state.value})",
+                hint="Logs appear once the allocation is running; check `lattice status ID`.",
+            )
+        head = alloc.assigned_nodes[0]
+        node = self.member.read(lambda s: s.nodes.get(head))
+        if node is None or not node.agent_address:
+            raise Unavailable(f"node {head} has no reachable agent")
+        ch = self._channels.get(node.agent_address)
+        if ch is None:
+            host, _, port = node.agent_address.rpartition(":")
+            ch = Channel(host or "127.0.0.1", int(port))
+            self._channels[node.agent_address] = ch
+        return head, v1.NodeAgentServiceStub(ch, metadata=self._metadata)
+
+    async def follow(
+        self, alloc: Allocation, *, tail: int | None = None, stream: str = "both", follow: bool = True
+    ) -> AsyncIterator[dict[str, Any]]:
+        node_id, stub = self._agent(alloc)
+        req = v1.LogRequest(
+            allocation_id=alloc.id,
+            stream="" if stream == "both" else stream,
+            tail=tail if tail is not None else -1,
+            follow=follow,
+        )
+        try:
+            async for ln in stub.stream_logs(req):
+                yield {
+                    "allocation_id": alloc.id,
+                    "node_id": ln.node_id or node_id,
+                    "stream": ln.stream,
+                    "line": ln.line,
+                    "timestamp": ln.timestamp,
+                }
+        except (GRPCError, StreamTerminatedError, OSError) as e:
+            raise Unavailable(
+                f"could not read logs from node {node_id}: {e}",
+                hint="The node's agent may be down; try again when it is back.",
+            ) from None
+
+    async def fetch(self, alloc: Allocation, *, tail: int | None = None, stream: str = "both") -> list[dict[str, Any]]:
+        return [ln async for ln in self.follow(alloc, tail=tail, stream=stream, follow=False)]
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            ch.close()

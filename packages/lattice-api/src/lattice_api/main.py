@@ -1,0 +1,141 @@
+"""``lattice-server``: one quorum member and the API in one asyncio process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from lattice_api.auth import Authenticator
+from lattice_api.grpc_server import build_grpc_server
+from lattice_api.logs import LogProxy
+from lattice_api.node_monitor import NodeMonitor
+from lattice_api.rest import RestApi
+from lattice_api.service import LatticeService
+from lattice_common.config import LatticeConfig, load_config
+from lattice_common.errors import LatticeError
+from lattice_common.logging import setup_logging
+from lattice_quorum.member import QuorumMember
+
+log = logging.getLogger("lattice.server")
+
+
+def split_hostport(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return (host or default_host), int(port)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="lattice-server",
+        description="Run one Lattice quorum member (Raft + GlobalState) with the gRPC and REST API.",
+    )
+    p.add_argument("--config", help="YAML config file (default: built-in defaults + LATTICE_* env)")
+    p.add_argument(
+        "--bootstrap",
+        action="store_true",
+        help="initialise a new Raft cluster; only on the very first start of member 1",
+    )
+    p.add_argument("--log-level", default=os.environ.get("LATTICE_LOG_LEVEL", "info"))
+    return p.parse_args(argv)
+
+
+async def serve(cfg: LatticeConfig, *, bootstrap: bool = False, ready: asyncio.Event | None = None) -> None:
+    q = cfg.quorum
+    member = QuorumMember(
+        node_id=q.node_id,
+        bind=q.bind,
+        peers={p.id: p.address for p in q.peers},
+        data_dir=q.data_dir,
+        bootstrap=bootstrap,
+        append_entries_period=q.append_entries_period,
+        auto_tick_period=q.auto_tick_period,
+        raft_min_timeout=q.raft_min_timeout,
+        raft_max_timeout=q.raft_max_timeout,
+        commit_timeout=q.commit_timeout_seconds,
+        log_compaction_min_entries=q.log_compaction_min_entries,
+        log_compaction_min_time=q.log_compaction_min_time,
+    )
+    loop = asyncio.get_running_loop()
+    member.attach_loop(loop)
+    api_addresses = {p.address: p.api_address for p in q.peers if p.api_address}
+    api_addresses[q.bind] = cfg.api.grpc_listen
+    secret = cfg.api.oidc_hmac_secret.get_secret_value() if cfg.api.oidc_hmac_secret else None
+    agent_token = cfg.api.agent_token.get_secret_value() if cfg.api.agent_token else None
+    auth = Authenticator(hmac_secret=secret, agent_token=agent_token)
+    if auth.dev_mode:
+        log.warning(
+            "NO AUTHENTICATION CONFIGURED: every caller is trusted as a system admin and "
+            "identified by the x-lattice-user header. Set api.oidc_hmac_secret "
+            "(LATTICE_OIDC_HMAC_SECRET) or api.oidc_issuer outside development."
+        )
+    na = cfg.node_agent
+    monitor = NodeMonitor(
+        member, heartbeat_timeout=na.heartbeat_timeout_seconds, grace_period=na.grace_period_seconds
+    )
+    member.on_leadership(monitor.on_leadership)
+    svc = LatticeService(member, api_addresses=api_addresses)
+    logs = LogProxy(member, agent_token=agent_token)
+    rest = RestApi(
+        svc,
+        auth,
+        monitor,
+        logs,
+        oidc_issuer=cfg.api.oidc_issuer,
+        oidc_client_id=cfg.api.oidc_client_id,
+        max_request_bytes=cfg.api.max_request_bytes,
+    )
+    grpc = build_grpc_server(svc, auth, monitor, logs)
+    ghost, gport = split_hostport(cfg.api.grpc_listen)
+    await grpc.start(ghost, gport)
+    runner = web.AppRunner(rest.app, access_log=None)
+    await runner.setup()
+    rhost, rport = split_hostport(cfg.api.rest_listen)
+    site = web.TCPSite(runner, rhost, rport, reuse_address=True)
+    await site.start()
+    monitor.start()
+    log.info(
+        "lattice-server member %s up: raft %s, gRPC %s, REST %s",
+        q.node_id,
+        q.bind,
+        cfg.api.grpc_listen,
+        cfg.api.rest_listen,
+    )
+    if ready is not None:
+        ready.set()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await monitor.stop()
+        grpc.close()
+        await runner.cleanup()
+        logs.close()
+        member.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    setup_logging("lattice-server", args.log_level)
+    try:
+        cfg = load_config(args.config)
+        asyncio.run(serve(cfg, bootstrap=args.bootstrap))
+    except LatticeError as e:
+        print(e.render(), file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

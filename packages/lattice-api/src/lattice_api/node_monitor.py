@@ -1,0 +1,168 @@
+"""Heartbeats and agent reports, held in the leader's memory only (never in Raft).
+
+Agents heartbeat the leader with their actual allocations. The monitor turns what it
+hears (and what it stops hearing) into quorum commands: an exited allocation becomes
+Completed/Failed, a silent node becomes Degraded after ``heartbeat_timeout`` and Down
+after a further ``grace_period`` (its allocations are then requeued per policy by the
+state machine). A new leader starts every node's clock afresh, so a failover never
+marks healthy nodes Down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from prometheus_client import Gauge, Histogram
+
+from lattice_common import commands as c
+from lattice_common.errors import NotLeader
+from lattice_common.types import AllocationReport, AllocationState, NodeState
+from lattice_quorum.member import QuorumMember
+
+log = logging.getLogger("lattice.api.nodes")
+
+NODES_TOTAL = Gauge("lattice_nodes_total", "Nodes known to the quorum", ["state"])
+HEARTBEAT_AGE = Histogram(
+    "lattice_agent_heartbeat_interval_seconds",
+    "Seconds between consecutive heartbeats seen by the leader",
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 15, 30, 60),
+)
+
+
+class NodeMonitor:
+    def __init__(
+        self,
+        member: QuorumMember,
+        *,
+        heartbeat_timeout: float = 30.0,
+        grace_period: float = 60.0,
+        check_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.member = member
+        self.heartbeat_timeout = heartbeat_timeout
+        self.grace_period = grace_period
+        self.check_interval = check_interval
+        self.clock = clock
+        self.last_seen: dict[str, float] = {}
+        self.sequence: dict[str, int] = {}
+        self._inflight: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="node-monitor")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def on_leadership(self, is_leader: bool) -> None:
+        if is_leader:
+            now = self.clock()
+            ids = self.member.read(lambda s: list(s.nodes))
+            self.last_seen = dict.fromkeys(ids, now)
+
+    async def heartbeat(
+        self, node_id: str, sequence: int, reports: list[AllocationReport]
+    ) -> dict[str, object]:
+        """Record a heartbeat; returns what the agent should know (re-register?)."""
+        if not self.member.is_leader:
+            raise NotLeader("this quorum member is not the leader", hint="Retry against the leader.")
+        now = self.clock()
+        prev = self.last_seen.get(node_id)
+        if prev is not None:
+            HEARTBEAT_AGE.observe(now - prev)
+        if sequence and sequence < self.sequence.get(node_id, 0):
+            return {"accepted": False, "reason": "stale sequence"}
+        self.sequence[node_id] = sequence
+        self.last_seen[node_id] = now
+        node = self.member.read(lambda s: s.nodes.get(node_id))
+        if node is None:
+            return {"accepted": False, "reregister": True}
+        if node.state == NodeState.DEGRADED:
+            await self._propose(c.SetNodeHealth(node_id=node_id, state=NodeState.READY, now=time.time()))
+        elif node.state in (NodeState.DOWN, NodeState.UNKNOWN) and not node.disabled:
+            return {"accepted": True, "reregister": True}
+        await self.handle_reports(node_id, reports)
+        return {"accepted": True, "reregister": False}
+
+    async def handle_reports(self, node_id: str, reports: list[AllocationReport]) -> None:
+        cmds: list[c.Command] = []
+        for r in reports:
+            if r.phase != "exited" or r.allocation_id in self._inflight:
+                continue
+            a = self.member.read(lambda s, aid=r.allocation_id: s.allocations.get(aid))
+            if a is None or a.terminal or a.state == AllocationState.PENDING:
+                continue
+            if not a.assigned_nodes or a.assigned_nodes[0] != node_id:
+                continue  # only the head node's exit ends the allocation
+            ok = r.exit_code == 0 and not r.reason
+            cmds.append(
+                c.UpdateAllocationState(
+                    allocation_id=a.id,
+                    state=AllocationState.COMPLETED if ok else AllocationState.FAILED,
+                    reason=r.reason or ("" if ok else f"exit_code_{r.exit_code}"),
+                    exit_code=r.exit_code,
+                    finished_at=r.finished_at,
+                    now=time.time(),
+                )
+            )
+        if not cmds:
+            return
+        ids = [cmd.allocation_id for cmd in cmds]  # type: ignore[attr-defined]
+        self._inflight.update(ids)
+        try:
+            await self.member.propose_many(cmds)
+        finally:
+            self._inflight.difference_update(ids)
+
+    async def _propose(self, cmd: c.Command) -> None:
+        try:
+            res = await self.member.propose(cmd)
+            if res.error:
+                log.info("node monitor command rejected: %s", res.error.get("message"))
+        except Exception as e:
+            log.warning("node monitor proposal failed: %s", e)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.check_interval)
+            try:
+                self._update_gauges()
+                if self.member.is_leader:
+                    await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("node monitor check failed")
+
+    async def check(self) -> None:
+        now = self.clock()
+        nodes = self.member.read(lambda s: [(n.id, n.state) for n in s.nodes.values()])
+        for node_id, state in nodes:
+            seen = self.last_seen.setdefault(node_id, now)
+            silent = now - seen
+            if state in (NodeState.READY, NodeState.DRAINING, NodeState.DRAINED) and silent > self.heartbeat_timeout:
+                if state == NodeState.READY:
+                    await self._propose(
+                        c.SetNodeHealth(node_id=node_id, state=NodeState.DEGRADED, reason=f"no heartbeat for {silent:.0f}s", now=time.time())
+                    )
+                elif silent > self.heartbeat_timeout + self.grace_period:
+                    await self._propose(
+                        c.SetNodeHealth(node_id=node_id, state=NodeState.DOWN, reason=f"no heartbeat for {silent:.0f}s", now=time.time())
+                    )
+            elif state == NodeState.DEGRADED and silent > self.heartbeat_timeout + self.grace_period:
+                await self._propose(
+                    c.SetNodeHealth(node_id=node_id, state=NodeState.DOWN, reason=f"no heartbeat for {silent:.0f}s", now=time.time())
+                )
+
+    def _update_gauges(self) -> None:
+        counts = self.member.read(lambda s: [n.state for n in s.nodes.values()])
+        for st in NodeState:
+            NODES_TOTAL.labels(st.value).set(sum(1 for x in counts if x == st))

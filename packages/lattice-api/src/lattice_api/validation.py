@@ -1,0 +1,144 @@
+"""Validation of user submissions, before anything is stored.
+
+A pure function from the request body (a dict, as a user or the SDK sent it) and the
+known tenants/vClusters to an AllocationSpec, or a ValidationError/NotFound with a hint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import msgspec
+
+from lattice_common.duration import parse_duration
+from lattice_common.errors import NotFound, ValidationError
+from lattice_common.types import AllocationSpec, Constraints, LifecycleType, RequeuePolicy
+
+MAX_NODES_PER_ALLOCATION = 100_000
+MAX_REQUEUE_LIMIT = 100
+
+
+def validate_submission(
+    body: Mapping[str, Any],
+    *,
+    user: str,
+    tenants: Collection[str],
+    vclusters: Collection[str],
+    default_tenant: str = "",
+    default_vcluster: str = "",
+) -> AllocationSpec:
+    if not isinstance(body, Mapping):
+        raise ValidationError("the request body must be a JSON object describing the allocation")
+    entrypoint = str(body.get("entrypoint") or "").strip()
+    if not entrypoint:
+        raise ValidationError(
+            "empty entrypoint: nothing to run",
+            hint="Give a script (`lattice submit job.sh`) or a command after `--` "
+            "(`lattice submit -- echo hello`).",
+        )
+    nodes = _int(body.get("nodes", 1), "nodes")
+    if nodes < 1:
+        raise ValidationError(
+            f"nodes must be at least 1 (got {nodes})",
+            details={"nodes": nodes},
+            hint="Ask for one or more nodes, e.g. --nodes=1.",
+        )
+    if nodes > MAX_NODES_PER_ALLOCATION:
+        raise ValidationError(f"nodes must be at most {MAX_NODES_PER_ALLOCATION} (got {nodes})")
+    pclass = _int(body.get("preemption_class", 5), "preemption_class")
+    if not 0 <= pclass <= 10:
+        raise ValidationError(
+            f"preemption class must be between 0 and 10 (got {pclass})",
+            details={"preemption_class": pclass},
+            hint="0 is best-effort, 5 is the default, 10 is reserved for sensitive claims.",
+        )
+    try:
+        lifecycle = LifecycleType(str(body.get("lifecycle") or "bounded").lower())
+    except ValueError:
+        raise ValidationError(
+            f"unknown lifecycle {body.get('lifecycle')!r}",
+            hint="Use bounded (batch), unbounded (service) or reactive.",
+        ) from None
+    walltime_seconds = 0
+    raw_wall = body.get("walltime")
+    if raw_wall not in (None, ""):
+        walltime_seconds = parse_duration(str(raw_wall))
+    elif body.get("walltime_seconds"):
+        walltime_seconds = _int(body["walltime_seconds"], "walltime_seconds")
+        if walltime_seconds <= 0:
+            raise ValidationError("walltime must be greater than zero")
+    if lifecycle == LifecycleType.BOUNDED and walltime_seconds <= 0:
+        raise ValidationError(
+            "walltime is required for a bounded (batch) allocation",
+            hint="Pass --walltime, e.g. --walltime=2h or --walltime=01:30:00.",
+        )
+    tenant = str(body.get("tenant") or default_tenant or "")
+    if not tenant:
+        raise ValidationError(
+            "no tenant given",
+            details={"available": ", ".join(sorted(tenants)) or "(none)"},
+            hint="Pass --tenant or set LATTICE_TENANT.",
+        )
+    if tenant not in tenants:
+        raise NotFound(
+            f'unknown tenant "{tenant}"',
+            details={"available": ", ".join(sorted(tenants)) or "(none)"},
+            hint="Pick one of the available tenants with --tenant.",
+        )
+    vcluster = str(body.get("vcluster") or default_vcluster or "")
+    if vcluster not in vclusters:
+        raise NotFound(
+            f'unknown vCluster "{vcluster}"' if vcluster else "no vCluster given",
+            details={"available": ", ".join(sorted(vclusters)) or "(none)"},
+            hint="Pick one of the available vClusters with --vcluster.",
+        )
+    try:
+        requeue = RequeuePolicy(str(body.get("requeue_policy") or "on_node_failure"))
+    except ValueError:
+        raise ValidationError(
+            f"unknown requeue policy {body.get('requeue_policy')!r}",
+            hint="Use never, on_node_failure or always.",
+        ) from None
+    max_requeue = _int(body.get("max_requeue", 3), "max_requeue")
+    if not 0 <= max_requeue <= MAX_REQUEUE_LIMIT:
+        raise ValidationError(f"max_requeue must be between 0 and {MAX_REQUEUE_LIMIT}")
+    try:
+        constraints = msgspec.convert(body.get("constraints") or {}, Constraints)
+        env = msgspec.convert(body.get("env") or {}, dict[str, str])
+        tags = msgspec.convert(body.get("tags") or {}, dict[str, str])
+    except msgspec.ValidationError as e:
+        raise ValidationError(f"invalid field: {e}") from None
+    if constraints.gpu_count < 0 or constraints.memory_gb < 0:
+        raise ValidationError("constraint values must not be negative")
+    return AllocationSpec(
+        entrypoint=entrypoint,
+        tenant=tenant,
+        vcluster=vcluster,
+        nodes=nodes,
+        walltime_seconds=walltime_seconds,
+        lifecycle=lifecycle,
+        preemption_class=pclass,
+        name=str(body.get("name") or "")[:256],
+        project=str(body.get("project") or ""),
+        user=user,
+        constraints=constraints,
+        env=env,
+        submit_dir=str(body.get("submit_dir") or ""),
+        uenv=str(body.get("uenv") or ""),
+        requeue_policy=requeue,
+        max_requeue=max_requeue,
+        tags=tags,
+        request_id=str(body.get("request_id") or "")[:128],
+    )
+
+
+def _int(v: Any, field: str) -> int:
+    if isinstance(v, bool):
+        raise ValidationError(f"{field} must be a whole number")
+    try:
+        return int(str(v).strip())
+    except (TypeError, ValueError):
+        raise ValidationError(
+            f"{field} must be a whole number (got {v!r})", details={field: v}
+        ) from None

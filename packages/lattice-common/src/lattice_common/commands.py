@@ -1,0 +1,212 @@
+"""Commands: the only way GlobalState changes.
+
+A command is a small tagged record. Proposers (API, schedulers, the leader's node
+monitor) build one, the quorum replicates its encoded bytes through Raft, and every
+member applies it with the same pure function. Timestamps travel inside the command
+(``now``) because apply may never read a clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from lattice_common.types import (
+    Allocation,
+    AllocationSpec,
+    AllocationState,
+    CostWeights,
+    Node,
+    NodeCapabilities,
+    NodeState,
+    SchedulerType,
+    Tenant,
+    VCluster,
+)
+
+
+class Command(msgspec.Struct, tag_field="kind", kw_only=True):
+    now: float = 0.0
+
+
+class RegisterNode(Command, tag="register_node"):
+    node_id: str
+    hostname: str = ""
+    capabilities: NodeCapabilities = msgspec.field(default_factory=NodeCapabilities)
+    group: int = 0
+    conformance_group: str = ""
+    agent_address: str = ""
+    home_vcluster: str = ""
+
+
+class SubmitAllocation(Command, tag="submit_allocation"):
+    spec: AllocationSpec
+
+
+class AssignNodes(Command, tag="assign_nodes"):
+    """Give ``node_ids`` exclusively to a pending allocation.
+
+    ``expected_revision`` is the GlobalState revision the scheduler decided on: the
+    command is rejected if the allocation or any chosen node changed after it.
+    """
+
+    allocation_id: str
+    node_ids: list[str]
+    expected_revision: int = 0
+    vcluster: str = ""
+
+
+class UpdateAllocationState(Command, tag="update_allocation_state"):
+    allocation_id: str
+    state: AllocationState
+    reason: str = ""
+    exit_code: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class CancelAllocation(Command, tag="cancel_allocation"):
+    allocation_id: str
+    reason: str = "cancelled"
+    requested_by: str = ""
+
+
+class RequeueAllocation(Command, tag="requeue_allocation"):
+    allocation_id: str
+    reason: str
+    expected_requeue_count: int | None = None
+
+
+class SetNodeHealth(Command, tag="set_node_health"):
+    """Leader's heartbeat monitor: Ready <-> Degraded -> Down."""
+
+    node_id: str
+    state: NodeState
+    reason: str = ""
+
+
+class DrainNode(Command, tag="drain_node"):
+    node_id: str
+    reason: str = ""
+
+
+class UndrainNode(Command, tag="undrain_node"):
+    node_id: str
+
+
+class DisableNode(Command, tag="disable_node"):
+    node_id: str
+    reason: str = ""
+
+
+class EnableNode(Command, tag="enable_node"):
+    node_id: str
+
+
+class CreateTenant(Command, tag="create_tenant"):
+    tenant: Tenant
+
+
+class UpdateTenant(Command, tag="update_tenant"):
+    name: str
+    fields: dict[str, Any]
+
+
+class CreateVCluster(Command, tag="create_vcluster"):
+    vcluster: VCluster
+
+
+class UpdateVCluster(Command, tag="update_vcluster"):
+    name: str
+    fields: dict[str, Any]
+
+
+class Batch(Command, tag="batch"):
+    """Several commands in one Raft entry; each gets its own result."""
+
+    commands: list[AnyCommand]
+
+
+AnyCommand = (
+    RegisterNode
+    | SubmitAllocation
+    | AssignNodes
+    | UpdateAllocationState
+    | CancelAllocation
+    | RequeueAllocation
+    | SetNodeHealth
+    | DrainNode
+    | UndrainNode
+    | DisableNode
+    | EnableNode
+    | CreateTenant
+    | UpdateTenant
+    | CreateVCluster
+    | UpdateVCluster
+    | Batch
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(AnyCommand)
+
+
+def encode_command(cmd: Command) -> bytes:
+    return _encoder.encode(cmd)
+
+
+def decode_command(raw: bytes) -> Command:
+    return _decoder.decode(raw)
+
+
+class CommandResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Outcome of one command: ``error`` (an errors.LatticeError dict) or a value."""
+
+    revision: int = 0
+    error: dict[str, Any] | None = None
+    allocation: Allocation | None = None
+    node: Node | None = None
+    tenant: Tenant | None = None
+    vcluster: VCluster | None = None
+    results: list[CommandResult] | None = None  # for Batch
+
+
+_result_encoder = msgspec.msgpack.Encoder()
+_result_decoder = msgspec.msgpack.Decoder(CommandResult)
+
+
+def encode_result(res: CommandResult) -> bytes:
+    return _result_encoder.encode(res)
+
+
+def decode_result(raw: bytes) -> CommandResult:
+    return _result_decoder.decode(raw)
+
+
+__all__ = [
+    "AnyCommand",
+    "AssignNodes",
+    "Batch",
+    "CancelAllocation",
+    "Command",
+    "CommandResult",
+    "CostWeights",
+    "CreateTenant",
+    "CreateVCluster",
+    "DisableNode",
+    "DrainNode",
+    "EnableNode",
+    "RegisterNode",
+    "RequeueAllocation",
+    "SchedulerType",
+    "SetNodeHealth",
+    "SubmitAllocation",
+    "UndrainNode",
+    "UpdateAllocationState",
+    "UpdateTenant",
+    "UpdateVCluster",
+    "decode_command",
+    "decode_result",
+    "encode_command",
+    "encode_result",
+]

@@ -1,0 +1,560 @@
+"""GlobalState and the pure function that applies commands to it.
+
+``apply(state, command)`` is deterministic: it reads only the state and the command
+(timestamps come in ``command.now``), never a clock, disk or network. Every member of
+the quorum runs it on the same log and so reaches the same state. It validates before
+it mutates, so a rejected command changes nothing. Exclusive node ownership and hard
+quotas (max_nodes, max_concurrent_allocations) are enforced here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from lattice_common import commands as c
+from lattice_common.errors import (
+    AlreadyExists,
+    InvalidTransition,
+    LatticeError,
+    NotFound,
+    OwnershipConflict,
+    QuotaExceeded,
+    StaleRevision,
+    ValidationError,
+)
+from lattice_common.state_machine import check_node_transition, check_transition
+from lattice_common.types import (
+    HOLDING_STATES,
+    Allocation,
+    AllocationState,
+    Node,
+    NodeState,
+    RequeuePolicy,
+    Tenant,
+    VCluster,
+)
+
+
+class GlobalState(msgspec.Struct, kw_only=True):
+    revision: int = 0
+    alloc_seq: int = 0
+    nodes: dict[str, Node] = msgspec.field(default_factory=dict)
+    allocations: dict[str, Allocation] = msgspec.field(default_factory=dict)
+    tenants: dict[str, Tenant] = msgspec.field(default_factory=dict)
+    vclusters: dict[str, VCluster] = msgspec.field(default_factory=dict)
+    request_ids: dict[str, str] = msgspec.field(default_factory=dict)  # request_id -> alloc id
+    # Index of allocations holding nodes (Staging/Running/Checkpointing), for quotas.
+    active: dict[str, None] = msgspec.field(default_factory=dict)
+
+
+class Changes(msgspec.Struct, kw_only=True):
+    """Keys touched by one apply; the shell turns them into watch deltas."""
+
+    allocations: set[str] = msgspec.field(default_factory=set)
+    nodes: set[str] = msgspec.field(default_factory=set)
+    tenants: set[str] = msgspec.field(default_factory=set)
+    vclusters: set[str] = msgspec.field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.allocations or self.nodes or self.tenants or self.vclusters)
+
+
+def allocation_id_for(seq: int) -> str:
+    """Short, unique, deterministic id (a bijection of the sequence number on 32 bits)."""
+    return f"{(seq * 0x9E3779B1 + 0x7F4A7C15) & 0xFFFFFFFF:08x}"
+
+
+def apply(state: GlobalState, cmd: c.Command, changes: Changes | None = None) -> c.CommandResult:
+    """Apply one command. Returns a CommandResult; never raises for a rejected command."""
+    changes = changes if changes is not None else Changes()
+    if isinstance(cmd, c.Batch):
+        return c.CommandResult(
+            revision=state.revision,
+            results=[apply(state, sub, changes) for sub in cmd.commands],
+        )
+    handler = _HANDLERS.get(type(cmd))
+    if handler is None:
+        return _err(state, ValidationError(f"unknown command {type(cmd).__name__}"))
+    try:
+        return handler(state, cmd, changes)
+    except LatticeError as e:
+        return _err(state, e)
+
+
+def _err(state: GlobalState, e: LatticeError) -> c.CommandResult:
+    return c.CommandResult(revision=state.revision, error=e.to_dict())
+
+
+def _bump(state: GlobalState) -> int:
+    state.revision += 1
+    return state.revision
+
+
+def _touch_alloc(state: GlobalState, a: Allocation, ch: Changes) -> None:
+    a.revision = state.revision
+    ch.allocations.add(a.id)
+    if a.state in HOLDING_STATES:
+        state.active[a.id] = None
+    else:
+        state.active.pop(a.id, None)
+
+
+def _touch_node(state: GlobalState, n: Node, ch: Changes) -> None:
+    n.revision = state.revision
+    ch.nodes.add(n.id)
+
+
+def _node(state: GlobalState, node_id: str) -> Node:
+    n = state.nodes.get(node_id)
+    if n is None:
+        raise NotFound(
+            f"node {node_id} not found",
+            hint="List nodes with `lattice nodes`.",
+        )
+    return n
+
+
+def _alloc(state: GlobalState, alloc_id: str) -> Allocation:
+    a = state.allocations.get(alloc_id)
+    if a is None:
+        raise NotFound(
+            f"allocation {alloc_id} not found",
+            hint="List your allocations with `lattice status`.",
+        )
+    return a
+
+
+# --- nodes -------------------------------------------------------------------------
+
+
+def _register_node(state: GlobalState, cmd: c.RegisterNode, ch: Changes) -> c.CommandResult:
+    _bump(state)
+    n = state.nodes.get(cmd.node_id)
+    if n is None:
+        n = Node(id=cmd.node_id, registered_at=cmd.now, home_vcluster=cmd.home_vcluster)
+        state.nodes[n.id] = n
+    n.hostname = cmd.hostname
+    n.capabilities = cmd.capabilities
+    n.group = cmd.group
+    n.conformance_group = cmd.conformance_group
+    n.agent_address = cmd.agent_address
+    if cmd.home_vcluster:
+        n.home_vcluster = cmd.home_vcluster
+    # A (re-)registering agent is healthy; admin states (drain, disable) are kept.
+    if n.state in (NodeState.UNKNOWN, NodeState.BOOTING, NodeState.DEGRADED) or (
+        n.state == NodeState.DOWN and not n.disabled
+    ):
+        n.state = NodeState.READY
+        n.state_reason = ""
+    _touch_node(state, n, ch)
+    return c.CommandResult(revision=state.revision, node=n)
+
+
+def _set_node_health(state: GlobalState, cmd: c.SetNodeHealth, ch: Changes) -> c.CommandResult:
+    n = _node(state, cmd.node_id)
+    if cmd.state not in (NodeState.READY, NodeState.DEGRADED, NodeState.DOWN):
+        raise ValidationError(f"health can only set Ready, Degraded or Down, not {cmd.state}")
+    if n.state == cmd.state:
+        return c.CommandResult(revision=state.revision, node=n)
+    if cmd.state == NodeState.READY and n.state != NodeState.DEGRADED:
+        # Recovery from Down happens by re-registration, from drains by undrain.
+        return c.CommandResult(revision=state.revision, node=n)
+    if cmd.state == NodeState.DEGRADED and n.state not in (NodeState.READY,):
+        # Admin states (Draining/Drained) keep their meaning; Down stays Down.
+        return c.CommandResult(revision=state.revision, node=n)
+    check_node_transition(n.id, n.state, cmd.state)
+    _bump(state)
+    n.state = cmd.state
+    n.state_reason = cmd.reason
+    if cmd.state == NodeState.DOWN:
+        _fail_node_allocations(state, n, cmd.now, "node_failure", ch)
+    _touch_node(state, n, ch)
+    return c.CommandResult(revision=state.revision, node=n)
+
+
+def _fail_node_allocations(
+    state: GlobalState, n: Node, now: float, reason: str, ch: Changes
+) -> None:
+    if not n.owner:
+        return
+    a = state.allocations.get(n.owner)
+    if a is None or a.terminal:
+        _free(n)
+        return
+    if (
+        a.spec.requeue_policy in (RequeuePolicy.ON_NODE_FAILURE, RequeuePolicy.ALWAYS)
+        and a.requeue_count < a.spec.max_requeue
+    ):
+        _requeue(state, a, reason, ch)
+    else:
+        _finish(state, a, AllocationState.FAILED, now, reason, None, ch)
+
+
+def _drain_node(state: GlobalState, cmd: c.DrainNode, ch: Changes) -> c.CommandResult:
+    n = _node(state, cmd.node_id)
+    if n.state in (NodeState.DRAINING, NodeState.DRAINED):
+        return c.CommandResult(revision=state.revision, node=n)
+    target = NodeState.DRAINING if n.owner else NodeState.DRAINED
+    check_node_transition(n.id, n.state, target)
+    _bump(state)
+    n.state = target
+    n.state_reason = cmd.reason
+    _touch_node(state, n, ch)
+    return c.CommandResult(revision=state.revision, node=n)
+
+
+def _undrain_node(state: GlobalState, cmd: c.UndrainNode, ch: Changes) -> c.CommandResult:
+    n = _node(state, cmd.node_id)
+    if n.state != NodeState.DRAINED:
+        raise InvalidTransition(
+            f"node {n.id} is {n.state.value}; undrain only works from Drained",
+            details={"node": n.id, "state": n.state.value},
+            hint="Wait for its allocations to finish (or cancel them), then undrain."
+            if n.state == NodeState.DRAINING
+            else "Only a drained node can be undrained.",
+        )
+    _bump(state)
+    n.state = NodeState.READY
+    n.state_reason = ""
+    _touch_node(state, n, ch)
+    return c.CommandResult(revision=state.revision, node=n)
+
+
+def _disable_node(state: GlobalState, cmd: c.DisableNode, ch: Changes) -> c.CommandResult:
+    n = _node(state, cmd.node_id)
+    _bump(state)
+    n.disabled = True
+    n.state = NodeState.DOWN
+    n.state_reason = cmd.reason or "disabled"
+    _fail_node_allocations(state, n, cmd.now, "node_disabled", ch)
+    _touch_node(state, n, ch)
+    return c.CommandResult(revision=state.revision, node=n)
+
+
+def _enable_node(state: GlobalState, cmd: c.EnableNode, ch: Changes) -> c.CommandResult:
+    n = _node(state, cmd.node_id)
+    if not n.disabled and n.state != NodeState.DOWN:
+        return c.CommandResult(revision=state.revision, node=n)
+    _bump(state)
+    n.disabled = False
+    n.state = NodeState.READY
+    n.state_reason = ""
+    _touch_node(state, n, ch)
+    return c.CommandResult(revision=state.revision, node=n)
+
+
+# --- allocations -------------------------------------------------------------------
+
+
+def _submit(state: GlobalState, cmd: c.SubmitAllocation, ch: Changes) -> c.CommandResult:
+    spec = cmd.spec
+    if spec.request_id and spec.request_id in state.request_ids:
+        existing = state.allocations[state.request_ids[spec.request_id]]
+        return c.CommandResult(revision=state.revision, allocation=existing)
+    if spec.tenant not in state.tenants:
+        raise NotFound(
+            f'tenant "{spec.tenant}" not found',
+            details={"available": ", ".join(sorted(state.tenants)) or "(none)"},
+            hint="Pick one of the available tenants with --tenant.",
+        )
+    if spec.vcluster not in state.vclusters:
+        raise NotFound(
+            f'vCluster "{spec.vcluster}" not found',
+            details={"available": ", ".join(sorted(state.vclusters)) or "(none)"},
+            hint="Pick one of the available vClusters with --vcluster.",
+        )
+    _bump(state)
+    state.alloc_seq += 1
+    alloc_id = allocation_id_for(state.alloc_seq)
+    while alloc_id in state.allocations:  # only after 2**32 submissions
+        state.alloc_seq += 1
+        alloc_id = allocation_id_for(state.alloc_seq)
+    a = Allocation(id=alloc_id, spec=spec, submitted_at=cmd.now)
+    state.allocations[alloc_id] = a
+    if spec.request_id:
+        state.request_ids[spec.request_id] = alloc_id
+    _touch_alloc(state, a, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def _tenant_usage(state: GlobalState, tenant: str) -> tuple[int, int]:
+    nodes = allocs = 0
+    for aid in state.active:
+        a = state.allocations[aid]
+        if a.spec.tenant == tenant:
+            allocs += 1
+            nodes += len(a.assigned_nodes)
+    return nodes, allocs
+
+
+def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandResult:
+    a = _alloc(state, cmd.allocation_id)
+    if a.state != AllocationState.PENDING:
+        raise InvalidTransition(
+            f"allocation {a.id} is {a.state.value}, not Pending",
+            details={"allocation": a.id, "state": a.state.value},
+        )
+    if cmd.expected_revision and a.revision > cmd.expected_revision:
+        raise StaleRevision(
+            f"allocation {a.id} changed since revision {cmd.expected_revision}",
+            details={"expected_revision": cmd.expected_revision, "current": a.revision},
+        )
+    if not cmd.node_ids or len(set(cmd.node_ids)) != len(cmd.node_ids):
+        raise ValidationError("assign needs a non-empty list of distinct nodes")
+    if len(cmd.node_ids) < a.spec.nodes:
+        raise ValidationError(
+            f"allocation {a.id} needs {a.spec.nodes} nodes, got {len(cmd.node_ids)}"
+        )
+    nodes = [_node(state, nid) for nid in cmd.node_ids]
+    for n in nodes:
+        if n.owner:
+            raise OwnershipConflict(
+                f"node {n.id} is already owned by allocation {n.owner}",
+                details={"node": n.id, "owner": n.owner},
+            )
+        if n.state != NodeState.READY:
+            raise OwnershipConflict(
+                f"node {n.id} is {n.state.value}, not Ready",
+                details={"node": n.id, "state": n.state.value},
+            )
+    t = state.tenants.get(a.spec.tenant)
+    if t is not None:
+        cur_nodes, cur_allocs = _tenant_usage(state, t.name)
+        if t.max_nodes is not None and cur_nodes + len(nodes) > t.max_nodes:
+            raise QuotaExceeded(
+                f'allocation rejected: tenant "{t.name}" would exceed max_nodes quota '
+                f"(current: {cur_nodes}, requested: {len(nodes)}, limit: {t.max_nodes})",
+                details={"current": cur_nodes, "requested": len(nodes), "limit": t.max_nodes},
+                hint="Cancel running allocations or request a quota increase from your tenant admin.",
+            )
+        if t.max_concurrent_allocations is not None and cur_allocs + 1 > t.max_concurrent_allocations:
+            raise QuotaExceeded(
+                f'allocation rejected: tenant "{t.name}" would exceed max_concurrent_allocations quota '
+                f"(current: {cur_allocs}, requested: 1, limit: {t.max_concurrent_allocations})",
+                details={"current": cur_allocs, "requested": 1, "limit": t.max_concurrent_allocations},
+                hint="Wait for running allocations to finish or request a quota increase.",
+            )
+    check_transition(a.id, a.state, AllocationState.RUNNING)
+    _bump(state)
+    for n in nodes:
+        n.owner = a.id
+        n.owner_tenant = a.spec.tenant
+        n.owner_vcluster = cmd.vcluster or a.spec.vcluster
+        _touch_node(state, n, ch)
+    a.assigned_nodes = list(cmd.node_ids)
+    a.state = AllocationState.RUNNING
+    a.started_at = cmd.now
+    a.reason = ""
+    _touch_alloc(state, a, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def _free(n: Node) -> None:
+    n.owner = ""
+    n.owner_tenant = ""
+    n.owner_vcluster = ""
+    if n.state == NodeState.DRAINING:
+        n.state = NodeState.DRAINED
+
+
+def _release_nodes(state: GlobalState, a: Allocation, ch: Changes) -> None:
+    for nid in a.assigned_nodes:
+        n = state.nodes.get(nid)
+        if n is not None and n.owner == a.id:
+            _free(n)
+            _touch_node(state, n, ch)
+
+
+def _finish(
+    state: GlobalState,
+    a: Allocation,
+    target: AllocationState,
+    now: float,
+    reason: str,
+    exit_code: int | None,
+    ch: Changes,
+    finished_at: float | None = None,
+) -> None:
+    check_transition(a.id, a.state, target)
+    _bump(state)
+    _release_nodes(state, a, ch)
+    a.state = target
+    a.reason = reason
+    a.exit_code = exit_code
+    a.finished_at = finished_at if finished_at is not None else now
+    _touch_alloc(state, a, ch)
+
+
+def _requeue(state: GlobalState, a: Allocation, reason: str, ch: Changes) -> None:
+    check_transition(a.id, a.state, AllocationState.PENDING)
+    _bump(state)
+    _release_nodes(state, a, ch)
+    a.state = AllocationState.PENDING
+    a.assigned_nodes = []
+    a.started_at = None
+    a.requeue_count += 1
+    a.reason = reason
+    _touch_alloc(state, a, ch)  # submitted_at is kept: no queue-jumping penalty
+
+
+def _update_state(
+    state: GlobalState, cmd: c.UpdateAllocationState, ch: Changes
+) -> c.CommandResult:
+    a = _alloc(state, cmd.allocation_id)
+    if a.state == cmd.state:
+        return c.CommandResult(revision=state.revision, allocation=a)
+    if cmd.state in (AllocationState.COMPLETED, AllocationState.FAILED, AllocationState.CANCELLED):
+        if (
+            cmd.state == AllocationState.FAILED
+            and a.spec.requeue_policy == RequeuePolicy.ALWAYS
+            and a.requeue_count < a.spec.max_requeue
+        ):
+            _requeue(state, a, cmd.reason or "failed", ch)
+        else:
+            _finish(
+                state, a, cmd.state, cmd.now, cmd.reason, cmd.exit_code, ch, cmd.finished_at
+            )
+        return c.CommandResult(revision=state.revision, allocation=a)
+    check_transition(a.id, a.state, cmd.state)
+    _bump(state)
+    a.state = cmd.state
+    a.reason = cmd.reason
+    if cmd.started_at is not None:
+        a.started_at = cmd.started_at
+    if cmd.state == AllocationState.PENDING:
+        _release_nodes(state, a, ch)
+        a.assigned_nodes = []
+    _touch_alloc(state, a, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def _cancel(state: GlobalState, cmd: c.CancelAllocation, ch: Changes) -> c.CommandResult:
+    a = _alloc(state, cmd.allocation_id)
+    if a.terminal:
+        raise InvalidTransition(
+            f"allocation {a.id} already ended ({a.state.value})",
+            details={"allocation": a.id, "state": a.state.value},
+            hint="Nothing to cancel.",
+        )
+    _finish(state, a, AllocationState.CANCELLED, cmd.now, cmd.reason, None, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def _requeue_cmd(state: GlobalState, cmd: c.RequeueAllocation, ch: Changes) -> c.CommandResult:
+    a = _alloc(state, cmd.allocation_id)
+    if cmd.expected_requeue_count is not None and a.requeue_count != cmd.expected_requeue_count:
+        raise StaleRevision(
+            f"allocation {a.id} was already requeued",
+            details={"expected": cmd.expected_requeue_count, "current": a.requeue_count},
+        )
+    if a.requeue_count >= a.spec.max_requeue:
+        _finish(state, a, AllocationState.FAILED, cmd.now, cmd.reason, None, ch)
+    else:
+        _requeue(state, a, cmd.reason, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+# --- tenants and vClusters ----------------------------------------------------------
+
+_TENANT_FIELDS = {
+    "max_nodes",
+    "max_concurrent_allocations",
+    "fair_share_target",
+    "burst_allowance",
+    "gpu_hours_budget",
+    "node_hours_budget",
+    "isolation",
+}
+_VCLUSTER_FIELDS = {
+    "scheduler_type",
+    "tenant",
+    "weights",
+    "cycle_interval_seconds",
+    "backfill_depth",
+    "allow_borrowing",
+}
+
+
+def _create_tenant(state: GlobalState, cmd: c.CreateTenant, ch: Changes) -> c.CommandResult:
+    t = cmd.tenant
+    if t.name in state.tenants:
+        raise AlreadyExists(f'tenant "{t.name}" already exists', hint="Use `lattice admin tenant update`.")
+    _bump(state)
+    t.created_at = cmd.now
+    t.revision = state.revision
+    state.tenants[t.name] = t
+    ch.tenants.add(t.name)
+    return c.CommandResult(revision=state.revision, tenant=t)
+
+
+def _update_tenant(state: GlobalState, cmd: c.UpdateTenant, ch: Changes) -> c.CommandResult:
+    t = state.tenants.get(cmd.name)
+    if t is None:
+        raise NotFound(f'tenant "{cmd.name}" not found', hint="List tenants with `lattice admin tenant list`.")
+    unknown = set(cmd.fields) - _TENANT_FIELDS
+    if unknown:
+        raise ValidationError(f"unknown tenant fields: {', '.join(sorted(unknown))}")
+    merged = msgspec.structs.replace(t, **cmd.fields)
+    merged = msgspec.convert(msgspec.to_builtins(merged), Tenant)  # type-check the update
+    _bump(state)
+    merged.revision = state.revision
+    state.tenants[t.name] = merged
+    ch.tenants.add(t.name)
+    return c.CommandResult(revision=state.revision, tenant=merged)
+
+
+def _create_vcluster(state: GlobalState, cmd: c.CreateVCluster, ch: Changes) -> c.CommandResult:
+    v = cmd.vcluster
+    if v.name in state.vclusters:
+        raise AlreadyExists(f'vCluster "{v.name}" already exists')
+    if v.tenant and v.tenant not in state.tenants:
+        raise NotFound(f'tenant "{v.tenant}" not found')
+    _bump(state)
+    v.created_at = cmd.now
+    v.revision = state.revision
+    state.vclusters[v.name] = v
+    ch.vclusters.add(v.name)
+    return c.CommandResult(revision=state.revision, vcluster=v)
+
+
+def _update_vcluster(state: GlobalState, cmd: c.UpdateVCluster, ch: Changes) -> c.CommandResult:
+    v = state.vclusters.get(cmd.name)
+    if v is None:
+        raise NotFound(f'vCluster "{cmd.name}" not found')
+    unknown = set(cmd.fields) - _VCLUSTER_FIELDS
+    if unknown:
+        raise ValidationError(f"unknown vCluster fields: {', '.join(sorted(unknown))}")
+    data = msgspec.to_builtins(v)
+    for k, val in cmd.fields.items():
+        if k == "weights" and isinstance(val, dict):
+            data["weights"] = {**data["weights"], **val}
+        else:
+            data[k] = val
+    try:
+        merged = msgspec.convert(data, VCluster)
+    except msgspec.ValidationError as e:
+        raise ValidationError(f"invalid vCluster update: {e}") from None
+    _bump(state)
+    merged.revision = state.revision
+    state.vclusters[v.name] = merged
+    ch.vclusters.add(v.name)
+    return c.CommandResult(revision=state.revision, vcluster=merged)
+
+
+_HANDLERS = {
+    c.RegisterNode: _register_node,
+    c.SetNodeHealth: _set_node_health,
+    c.DrainNode: _drain_node,
+    c.UndrainNode: _undrain_node,
+    c.DisableNode: _disable_node,
+    c.EnableNode: _enable_node,
+    c.SubmitAllocation: _submit,
+    c.AssignNodes: _assign,
+    c.UpdateAllocationState: _update_state,
+    c.CancelAllocation: _cancel,
+    c.RequeueAllocation: _requeue_cmd,
+    c.CreateTenant: _create_tenant,
+    c.UpdateTenant: _update_tenant,
+    c.CreateVCluster: _create_vcluster,
+    c.UpdateVCluster: _update_vcluster,
+}
