@@ -93,23 +93,31 @@ class Authenticator:
         import jwt  # imported lazily: not needed in dev mode
 
         try:
-            claims = jwt.decode(token, self._secret, algorithms=["HS256"], options={"require": ["sub"]})
+            claims = jwt.decode(
+                token, self._secret, algorithms=["HS256"], options={"require": ["sub"]}
+            )
         except jwt.ExpiredSignatureError:
             raise Unauthenticated("token expired", hint="Run `lattice login` again.") from None
         except jwt.PyJWTError as e:
-            raise Unauthenticated(f"invalid token: {e}", hint="Run `lattice login` again.") from None
+            raise Unauthenticated(
+                f"invalid token: {e}", hint="Run `lattice login` again."
+            ) from None
         role = Role.AGENT if claims.get("lattice_role") == "agent" else role_from_claims(claims)
         return Identity(str(claims["sub"]), role, str(claims.get("tenant", "")))
 
 
 # Operation -> roles allowed. Everything not listed needs SYSTEM_ADMIN.
 _READ = frozenset(Role) - {Role.AGENT}
-_WRITE_OWN = frozenset({Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.CLAIMING_USER, Role.USER})
+_WRITE_OWN = frozenset(
+    {Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.CLAIMING_USER, Role.USER}
+)
 RBAC: dict[str, frozenset[Role]] = {
     "allocation.read": _READ | {Role.AGENT},
     "allocation.submit": _WRITE_OWN,
     "allocation.cancel": _WRITE_OWN,
-    "allocation.list_all": frozenset({Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.READ_ONLY}),
+    "allocation.list_all": frozenset(
+        {Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.READ_ONLY}
+    ),
     "node.read": _READ | {Role.AGENT},
     "node.admin": frozenset({Role.SYSTEM_ADMIN, Role.OPERATOR, Role.TENANT_ADMIN}),
     "node.agent": frozenset({Role.AGENT, Role.SYSTEM_ADMIN}),

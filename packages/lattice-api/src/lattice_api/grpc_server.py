@@ -20,18 +20,24 @@ import msgspec
 from grpclib.const import Status
 from grpclib.events import RecvRequest, listen
 from grpclib.server import Server
+from lattice_common import commands as c
+from lattice_common.errors import LatticeError, ValidationError
+from lattice_common.proto.lattice import v1
+from lattice_common.types import (
+    Allocation,
+    AllocationReport,
+    Node,
+    NodeCapabilities,
+    Tenant,
+    VCluster,
+)
+from lattice_common.wire import from_message, to_message
 
 from lattice_api.auth import Authenticator, Identity, authorize
 from lattice_api.logs import LogProxy
 from lattice_api.node_monitor import NodeMonitor
 from lattice_api.rest import LATENCY, REQUESTS
 from lattice_api.service import LatticeService
-from lattice_common import commands as c
-from lattice_common.errors import LatticeError, ValidationError
-from lattice_common.proto.lattice import v1
-from lattice_common.types import AllocationReport, NodeCapabilities
-from lattice_common.wire import from_message, to_message
-from lattice_common.types import Allocation, Node, Tenant, VCluster
 
 log = logging.getLogger("lattice.api.grpc")
 
@@ -90,7 +96,9 @@ def _unimplemented(base: type) -> None:
 
         def make(rpc: str, service: str) -> Any:
             async def handler(self: Any, message: Any) -> Any:
-                raise grpclib.GRPCError(Status.UNIMPLEMENTED, f"{service}.{rpc} is not implemented yet")
+                raise grpclib.GRPCError(
+                    Status.UNIMPLEMENTED, f"{service}.{rpc} is not implemented yet"
+                )
 
             return handler
 
@@ -98,7 +106,12 @@ def _unimplemented(base: type) -> None:
 
 
 # Subclasses below override what exists; everything else inherits these.
-for _base in (v1.AllocationServiceBase, v1.NodeServiceBase, v1.AdminServiceBase, v1.QuorumServiceBase):
+for _base in (
+    v1.AllocationServiceBase,
+    v1.NodeServiceBase,
+    v1.AdminServiceBase,
+    v1.QuorumServiceBase,
+):
     _unimplemented(_base)
 
 
@@ -109,10 +122,13 @@ class AllocationService(v1.AllocationServiceBase):
 
     async def submit(self, message: v1.SubmitRequest) -> v1.SubmitResponse:
         if message.allocation is None:
-            raise grpclib.GRPCError(Status.UNIMPLEMENTED, "AllocationService.Submit: only the allocation form is implemented yet")
+            raise grpclib.GRPCError(
+                Status.UNIMPLEMENTED,
+                "AllocationService.Submit: only the allocation form is implemented yet",
+            )
         body = message.allocation.to_dict(casing=msgspec_casing(), output_format=_py())
         a = await self.svc.submit(who(), body)
-        return v1.SubmitResponse(allocation=to_message(a, v1.Allocation))
+        return v1.SubmitResponse(allocation_ids=[a.id], allocations=[to_message(a, v1.Allocation)])
 
     async def get(self, message: v1.GetAllocationRequest) -> v1.Allocation:
         return to_message(self.svc.get_allocation(who(), message.id), v1.Allocation)
@@ -127,14 +143,19 @@ class AllocationService(v1.AllocationServiceBase):
             all_users=not message.user and who().role.value in ("system-admin",),
             limit=message.limit or None,
         )
-        return v1.ListAllocationsResponse(allocations=[to_message(a, v1.Allocation) for a in allocs])
+        return v1.ListAllocationsResponse(
+            allocations=[to_message(a, v1.Allocation) for a in allocs]
+        )
 
     async def cancel(self, message: v1.CancelAllocationRequest) -> v1.Allocation:
         return to_message(await self.svc.cancel(who(), message.id), v1.Allocation)
 
     async def watch(self, message: v1.WatchAllocationsRequest) -> AsyncIterator[v1.AllocationEvent]:
         if not message.id:
-            raise grpclib.GRPCError(Status.UNIMPLEMENTED, "AllocationService.Watch: watching all allocations is not implemented yet")
+            raise grpclib.GRPCError(
+                Status.UNIMPLEMENTED,
+                "AllocationService.Watch: watching all allocations is not implemented yet",
+            )
         alloc_id = message.id
         async for rev, a in self.svc.watch(who(), alloc_id):
             yield v1.AllocationEvent(revision=rev, allocation=to_message(a, v1.Allocation))
@@ -146,7 +167,9 @@ class AllocationService(v1.AllocationServiceBase):
 
     async def stream_logs(self, message: v1.StreamLogsRequest) -> AsyncIterator[v1.LogLine]:
         a = self.svc.get_allocation(who(), message.allocation_id)
-        async for ln in self.logs.follow(a, tail=message.tail or None, stream=message.stream or "both"):
+        async for ln in self.logs.follow(
+            a, tail=message.tail or None, stream=message.stream or "both"
+        ):
             yield v1.LogLine(**ln)
 
 
@@ -163,7 +186,9 @@ class NodeService(v1.NodeServiceBase):
         return to_message(self.svc.get_node(who(), message.id), v1.Node)
 
     async def _action(self, message: v1.NodeActionRequest, action: str) -> v1.Node:
-        return to_message(await self.svc.node_action(who(), message.id, action, message.reason), v1.Node)
+        return to_message(
+            await self.svc.node_action(who(), message.id, action, message.reason), v1.Node
+        )
 
     async def drain_node(self, message: v1.NodeActionRequest) -> v1.Node:
         return await self._action(message, "drain")
@@ -205,7 +230,9 @@ class NodeService(v1.NodeServiceBase):
         gen, _ = self.svc.desired_for(message.node_id)
         return v1.HeartbeatResponse(generation=gen, reregister=bool(out.get("reregister")))
 
-    async def watch_desired_state(self, message: v1.WatchDesiredStateRequest) -> AsyncIterator[v1.DesiredState]:
+    async def watch_desired_state(
+        self, message: v1.WatchDesiredStateRequest
+    ) -> AsyncIterator[v1.DesiredState]:
         async for gen, allocs in self.svc.desired_state(who(), message.node_id):
             yield v1.DesiredState(
                 node_id=message.node_id,
@@ -222,35 +249,49 @@ class AdminService(v1.AdminServiceBase):
         t = from_message(message.tenant, Tenant) if message.tenant else None
         if t is None:
             raise ValidationError("CreateTenant needs a tenant")
-        body = {k: v for k, v in msgspec.to_builtins(t).items() if k not in ("created_at", "revision")}
+        body = {
+            k: v for k, v in msgspec.to_builtins(t).items() if k not in ("created_at", "revision")
+        }
         return to_message(await self.svc.create_tenant(who(), body), v1.Tenant)
 
     async def list_tenants(self, message: v1.ListTenantsRequest) -> v1.ListTenantsResponse:
-        return v1.ListTenantsResponse(tenants=[to_message(t, v1.Tenant) for t in self.svc.list_tenants(who())])
+        return v1.ListTenantsResponse(
+            tenants=[to_message(t, v1.Tenant) for t in self.svc.list_tenants(who())]
+        )
 
     async def get_tenant(self, message: v1.GetTenantRequest) -> v1.Tenant:
         return to_message(self.svc.get_tenant(who(), message.name), v1.Tenant)
 
     async def update_tenant(self, message: v1.UpdateTenantRequest) -> v1.Tenant:
         fields = _update_fields(message, "tenant")
-        return to_message(await self.svc.update_tenant(who(), message.tenant.name, fields), v1.Tenant)
+        return to_message(
+            await self.svc.update_tenant(who(), message.tenant.name, fields), v1.Tenant
+        )
 
-    async def create_vcluster(self, message: v1.CreateVClusterRequest) -> v1.VCluster:
+    async def create_v_cluster(self, message: v1.CreateVClusterRequest) -> v1.VCluster:
         v = from_message(message.vcluster, VCluster) if message.vcluster else None
         if v is None:
             raise ValidationError("CreateVCluster needs a vcluster")
-        body = {k: val for k, val in msgspec.to_builtins(v).items() if k not in ("created_at", "revision")}
+        body = {
+            k: val
+            for k, val in msgspec.to_builtins(v).items()
+            if k not in ("created_at", "revision")
+        }
         return to_message(await self.svc.create_vcluster(who(), body), v1.VCluster)
 
-    async def list_vclusters(self, message: v1.ListVClustersRequest) -> v1.ListVClustersResponse:
-        return v1.ListVClustersResponse(vclusters=[to_message(v, v1.VCluster) for v in self.svc.list_vclusters(who())])
+    async def list_v_clusters(self, message: v1.ListVClustersRequest) -> v1.ListVClustersResponse:
+        return v1.ListVClustersResponse(
+            vclusters=[to_message(v, v1.VCluster) for v in self.svc.list_vclusters(who())]
+        )
 
-    async def get_vcluster(self, message: v1.GetVClusterRequest) -> v1.VCluster:
+    async def get_v_cluster(self, message: v1.GetVClusterRequest) -> v1.VCluster:
         return to_message(self.svc.get_vcluster(who(), message.name), v1.VCluster)
 
-    async def update_vcluster(self, message: v1.UpdateVClusterRequest) -> v1.VCluster:
+    async def update_v_cluster(self, message: v1.UpdateVClusterRequest) -> v1.VCluster:
         fields = _update_fields(message, "vcluster")
-        return to_message(await self.svc.update_vcluster(who(), message.vcluster.name, fields), v1.VCluster)
+        return to_message(
+            await self.svc.update_vcluster(who(), message.vcluster.name, fields), v1.VCluster
+        )
 
     async def get_raft_status(self, message: v1.GetRaftStatusRequest) -> v1.RaftStatus:
         st = self.svc.raft_status(who())
@@ -260,7 +301,10 @@ class AdminService(v1.AdminServiceBase):
             term=st["term"],
             commit_index=st["commit_index"],
             last_applied=st["last_applied"],
-            members=[v1.RaftMember(id=str(m["id"]), address=m["address"], state=m["state"]) for m in st["members"]],
+            members=[
+                v1.RaftMember(id=str(m["id"]), address=m["address"], state=m["state"])
+                for m in st["members"]
+            ],
         )
 
 
@@ -287,7 +331,9 @@ class QuorumService(v1.QuorumServiceBase):
                 raw = await q.get()
                 if raw is None:  # state replaced under us: start over with a snapshot
                     raw = self.svc.member.snapshot_delta()
-                    yield v1.StateEvent(revision=self.svc.member.revision, snapshot=True, payload=raw)
+                    yield v1.StateEvent(
+                        revision=self.svc.member.revision, snapshot=True, payload=raw
+                    )
                     continue
                 yield v1.StateEvent(payload=raw)
         finally:
@@ -322,7 +368,12 @@ def build_grpc_server(
     svc: LatticeService, auth: Authenticator, monitor: NodeMonitor, logs: LogProxy
 ) -> Server:
     server = Server(
-        [AllocationService(svc, logs), NodeService(svc, monitor), AdminService(svc), QuorumService(svc)]
+        [
+            AllocationService(svc, logs),
+            NodeService(svc, monitor),
+            AdminService(svc),
+            QuorumService(svc),
+        ]
     )
     install_interceptor(server, auth)
     return server

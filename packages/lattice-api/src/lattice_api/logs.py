@@ -9,7 +9,6 @@ from typing import Any
 
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
-
 from lattice_common.errors import NotFound, Unavailable
 from lattice_common.proto.lattice import v1
 from lattice_common.types import Allocation, AllocationState
@@ -40,7 +39,12 @@ class LogProxy:
         return head, v1.NodeAgentServiceStub(ch, metadata=self._metadata)
 
     async def follow(
-        self, alloc: Allocation, *, tail: int | None = None, stream: str = "both", follow: bool = True
+        self,
+        alloc: Allocation,
+        *,
+        tail: int | None = None,
+        stream: str = "both",
+        follow: bool = True,
     ) -> AsyncIterator[dict[str, Any]]:
         node_id, stub = self._agent(alloc)
         req = v1.LogRequest(
@@ -64,7 +68,9 @@ class LogProxy:
                 hint="The node's agent may be down; try again when it is back.",
             ) from None
 
-    async def fetch(self, alloc: Allocation, *, tail: int | None = None, stream: str = "both") -> list[dict[str, Any]]:
+    async def fetch(
+        self, alloc: Allocation, *, tail: int | None = None, stream: str = "both"
+    ) -> list[dict[str, Any]]:
         return [ln async for ln in self.follow(alloc, tail=tail, stream=stream, follow=False)]
 
     def close(self) -> None:

@@ -11,6 +11,10 @@ import signal
 import sys
 
 from aiohttp import web
+from lattice_common.config import LatticeConfig, load_config
+from lattice_common.errors import LatticeError
+from lattice_common.logging import setup_logging
+from lattice_quorum.member import QuorumMember
 
 from lattice_api.auth import Authenticator
 from lattice_api.grpc_server import build_grpc_server
@@ -18,10 +22,6 @@ from lattice_api.logs import LogProxy
 from lattice_api.node_monitor import NodeMonitor
 from lattice_api.rest import RestApi
 from lattice_api.service import LatticeService
-from lattice_common.config import LatticeConfig, load_config
-from lattice_common.errors import LatticeError
-from lattice_common.logging import setup_logging
-from lattice_quorum.member import QuorumMember
 
 log = logging.getLogger("lattice.server")
 
@@ -46,7 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def serve(cfg: LatticeConfig, *, bootstrap: bool = False, ready: asyncio.Event | None = None) -> None:
+async def serve(
+    cfg: LatticeConfig, *, bootstrap: bool = False, ready: asyncio.Event | None = None
+) -> None:
     q = cfg.quorum
     member = QuorumMember(
         node_id=q.node_id,

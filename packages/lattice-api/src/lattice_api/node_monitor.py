@@ -16,12 +16,11 @@ import logging
 import time
 from collections.abc import Callable
 
-from prometheus_client import Gauge, Histogram
-
 from lattice_common import commands as c
 from lattice_common.errors import NotLeader
 from lattice_common.types import AllocationReport, AllocationState, NodeState
 from lattice_quorum.member import QuorumMember
+from prometheus_client import Gauge, Histogram
 
 log = logging.getLogger("lattice.api.nodes")
 
@@ -73,7 +72,9 @@ class NodeMonitor:
     ) -> dict[str, object]:
         """Record a heartbeat; returns what the agent should know (re-register?)."""
         if not self.member.is_leader:
-            raise NotLeader("this quorum member is not the leader", hint="Retry against the leader.")
+            raise NotLeader(
+                "this quorum member is not the leader", hint="Retry against the leader."
+            )
         now = self.clock()
         prev = self.last_seen.get(node_id)
         if prev is not None:
@@ -86,7 +87,9 @@ class NodeMonitor:
         if node is None:
             return {"accepted": False, "reregister": True}
         if node.state == NodeState.DEGRADED:
-            await self._propose(c.SetNodeHealth(node_id=node_id, state=NodeState.READY, now=time.time()))
+            await self._propose(
+                c.SetNodeHealth(node_id=node_id, state=NodeState.READY, now=time.time())
+            )
         elif node.state in (NodeState.DOWN, NodeState.UNKNOWN) and not node.disabled:
             return {"accepted": True, "reregister": True}
         await self.handle_reports(node_id, reports)
@@ -148,18 +151,38 @@ class NodeMonitor:
         for node_id, state in nodes:
             seen = self.last_seen.setdefault(node_id, now)
             silent = now - seen
-            if state in (NodeState.READY, NodeState.DRAINING, NodeState.DRAINED) and silent > self.heartbeat_timeout:
+            if (
+                state in (NodeState.READY, NodeState.DRAINING, NodeState.DRAINED)
+                and silent > self.heartbeat_timeout
+            ):
                 if state == NodeState.READY:
                     await self._propose(
-                        c.SetNodeHealth(node_id=node_id, state=NodeState.DEGRADED, reason=f"no heartbeat for {silent:.0f}s", now=time.time())
+                        c.SetNodeHealth(
+                            node_id=node_id,
+                            state=NodeState.DEGRADED,
+                            reason=f"no heartbeat for {silent:.0f}s",
+                            now=time.time(),
+                        )
                     )
                 elif silent > self.heartbeat_timeout + self.grace_period:
                     await self._propose(
-                        c.SetNodeHealth(node_id=node_id, state=NodeState.DOWN, reason=f"no heartbeat for {silent:.0f}s", now=time.time())
+                        c.SetNodeHealth(
+                            node_id=node_id,
+                            state=NodeState.DOWN,
+                            reason=f"no heartbeat for {silent:.0f}s",
+                            now=time.time(),
+                        )
                     )
-            elif state == NodeState.DEGRADED and silent > self.heartbeat_timeout + self.grace_period:
+            elif (
+                state == NodeState.DEGRADED and silent > self.heartbeat_timeout + self.grace_period
+            ):
                 await self._propose(
-                    c.SetNodeHealth(node_id=node_id, state=NodeState.DOWN, reason=f"no heartbeat for {silent:.0f}s", now=time.time())
+                    c.SetNodeHealth(
+                        node_id=node_id,
+                        state=NodeState.DOWN,
+                        reason=f"no heartbeat for {silent:.0f}s",
+                        now=time.time(),
+                    )
                 )
 
     def _update_gauges(self) -> None:

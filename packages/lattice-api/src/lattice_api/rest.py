@@ -15,14 +15,14 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from lattice_common.errors import LatticeError, ValidationError
+from lattice_common.types import AllocationReport
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 from lattice_api.auth import Authenticator, Identity
 from lattice_api.logs import LogProxy
 from lattice_api.node_monitor import NodeMonitor
 from lattice_api.service import LatticeService
-from lattice_common.errors import LatticeError, ValidationError
-from lattice_common.types import AllocationReport
 
 log = logging.getLogger("lattice.api.rest")
 
@@ -33,7 +33,9 @@ LATENCY = Histogram(
     ["method"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
-ACTIVE_STREAMS = Gauge("lattice_api_active_streams", "Active streaming connections", ["stream_type"])
+ACTIVE_STREAMS = Gauge(
+    "lattice_api_active_streams", "Active streaming connections", ["stream_type"]
+)
 
 _json = msgspec.json.Encoder()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -68,7 +70,9 @@ class RestApi:
         self.logs = logs
         self.oidc_issuer = oidc_issuer
         self.oidc_client_id = oidc_client_id
-        self.app = web.Application(middlewares=[self._middleware], client_max_size=max_request_bytes)
+        self.app = web.Application(
+            middlewares=[self._middleware], client_max_size=max_request_bytes
+        )
         r = self.app.router
         r.add_get("/healthz", self.healthz)
         r.add_get("/metrics", self.metrics)
@@ -156,7 +160,11 @@ class RestApi:
 
     async def discovery(self, request: web.Request) -> web.Response:
         return json_response(
-            {"idp_url": self.oidc_issuer, "client_id": self.oidc_client_id, "issuer": self.oidc_issuer}
+            {
+                "idp_url": self.oidc_issuer,
+                "client_id": self.oidc_client_id,
+                "issuer": self.oidc_issuer,
+            }
         )
 
     # --- allocations --------------------------------------------------------------------
@@ -208,7 +216,9 @@ class RestApi:
         a = self.svc.get_allocation(who, alloc_id)
         tail = request.query.get("tail")
         lines = await self.logs.fetch(
-            a, tail=int(tail) if tail and tail.isdigit() else None, stream=request.query.get("stream", "both")
+            a,
+            tail=int(tail) if tail and tail.isdigit() else None,
+            stream=request.query.get("stream", "both"),
         )
         return json_response({"lines": lines})
 
@@ -219,7 +229,9 @@ class RestApi:
         resp = await self._ndjson(request, "logs")
         try:
             async for line in self.logs.follow(
-                a, tail=int(tail) if tail and tail.isdigit() else None, stream=request.query.get("stream", "both")
+                a,
+                tail=int(tail) if tail and tail.isdigit() else None,
+                stream=request.query.get("stream", "both"),
             ):
                 await resp.write(_json.encode(line) + b"\n")
         finally:
@@ -230,7 +242,13 @@ class RestApi:
     # --- nodes --------------------------------------------------------------------------
 
     async def list_nodes(self, request: web.Request) -> web.Response:
-        return json_response({"nodes": self.svc.list_nodes(self.who(request), state=request.query.get("state") or None)})
+        return json_response(
+            {
+                "nodes": self.svc.list_nodes(
+                    self.who(request), state=request.query.get("state") or None
+                )
+            }
+        )
 
     async def get_node(self, request: web.Request) -> web.Response:
         return json_response(self.svc.get_node(self.who(request), request.match_info["id"]))
@@ -238,12 +256,17 @@ class RestApi:
     async def node_action(self, request: web.Request) -> web.Response:
         body = await self.body(request)
         n = await self.svc.node_action(
-            self.who(request), request.match_info["id"], request.match_info["action"], str(body.get("reason") or "")
+            self.who(request),
+            request.match_info["id"],
+            request.match_info["action"],
+            str(body.get("reason") or ""),
         )
         return json_response(n)
 
     async def register_node(self, request: web.Request) -> web.Response:
-        return json_response(await self.svc.register_node(self.who(request), await self.body(request)))
+        return json_response(
+            await self.svc.register_node(self.who(request), await self.body(request))
+        )
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         from lattice_api.auth import authorize
@@ -254,7 +277,9 @@ class RestApi:
             reports = msgspec.convert(body.get("reports") or [], list[AllocationReport])
         except msgspec.ValidationError as e:
             raise ValidationError(f"invalid reports: {e}") from None
-        out = await self.monitor.heartbeat(request.match_info["id"], int(body.get("sequence") or 0), reports)
+        out = await self.monitor.heartbeat(
+            request.match_info["id"], int(body.get("sequence") or 0), reports
+        )
         return json_response(out)
 
     # --- tenants / vClusters -----------------------------------------------------------
@@ -263,28 +288,36 @@ class RestApi:
         return json_response({"tenants": self.svc.list_tenants(self.who(request))})
 
     async def create_tenant(self, request: web.Request) -> web.Response:
-        return json_response(await self.svc.create_tenant(self.who(request), await self.body(request)), status=201)
+        return json_response(
+            await self.svc.create_tenant(self.who(request), await self.body(request)), status=201
+        )
 
     async def get_tenant(self, request: web.Request) -> web.Response:
         return json_response(self.svc.get_tenant(self.who(request), request.match_info["name"]))
 
     async def update_tenant(self, request: web.Request) -> web.Response:
         return json_response(
-            await self.svc.update_tenant(self.who(request), request.match_info["name"], await self.body(request))
+            await self.svc.update_tenant(
+                self.who(request), request.match_info["name"], await self.body(request)
+            )
         )
 
     async def list_vclusters(self, request: web.Request) -> web.Response:
         return json_response({"vclusters": self.svc.list_vclusters(self.who(request))})
 
     async def create_vcluster(self, request: web.Request) -> web.Response:
-        return json_response(await self.svc.create_vcluster(self.who(request), await self.body(request)), status=201)
+        return json_response(
+            await self.svc.create_vcluster(self.who(request), await self.body(request)), status=201
+        )
 
     async def get_vcluster(self, request: web.Request) -> web.Response:
         return json_response(self.svc.get_vcluster(self.who(request), request.match_info["name"]))
 
     async def update_vcluster(self, request: web.Request) -> web.Response:
         return json_response(
-            await self.svc.update_vcluster(self.who(request), request.match_info["name"], await self.body(request))
+            await self.svc.update_vcluster(
+                self.who(request), request.match_info["name"], await self.body(request)
+            )
         )
 
     async def raft_status(self, request: web.Request) -> web.Response:

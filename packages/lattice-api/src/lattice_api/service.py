@@ -13,9 +13,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-
-from lattice_api.auth import Identity, Role, authorize
-from lattice_api.validation import validate_submission
 from lattice_common import commands as c
 from lattice_common.errors import LatticeError, NotFound, PermissionDenied, ValidationError
 from lattice_common.types import (
@@ -33,6 +30,9 @@ from lattice_common.types import (
 from lattice_common.watch import decode_delta
 from lattice_quorum.member import QuorumMember
 
+from lattice_api.auth import Identity, Role, authorize
+from lattice_api.validation import validate_submission
+
 
 def raise_if_error(res: c.CommandResult) -> c.CommandResult:
     if res.error is not None:
@@ -41,7 +41,9 @@ def raise_if_error(res: c.CommandResult) -> c.CommandResult:
 
 
 class LatticeService:
-    def __init__(self, member: QuorumMember, *, api_addresses: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, member: QuorumMember, *, api_addresses: dict[str, str] | None = None
+    ) -> None:
         self.member = member
         # raft address -> API gRPC address of that member, to point clients at the leader
         self.api_addresses = dict(api_addresses or {})
@@ -58,7 +60,9 @@ class LatticeService:
             vclusters=vclusters,
             default_tenant=who.tenant,
         )
-        res = raise_if_error(await self.member.propose(c.SubmitAllocation(spec=spec, now=time.time())))
+        res = raise_if_error(
+            await self.member.propose(c.SubmitAllocation(spec=spec, now=time.time()))
+        )
         assert res.allocation is not None
         return res.allocation
 
@@ -95,9 +99,7 @@ class LatticeService:
                 ) from None
         if all_users:
             authorize(who, "allocation.list_all")
-        elif user is None and who.role != Role.SYSTEM_ADMIN:
-            user = who.user
-        elif user is None:
+        elif (user is None and who.role != Role.SYSTEM_ADMIN) or user is None:
             user = who.user
 
         def pick(s: Any) -> list[Allocation]:
@@ -249,7 +251,9 @@ class LatticeService:
 
         return self.member.read(pick)
 
-    async def desired_state(self, who: Identity, node_id: str) -> AsyncIterator[tuple[int, list[Allocation]]]:
+    async def desired_state(
+        self, who: Identity, node_id: str
+    ) -> AsyncIterator[tuple[int, list[Allocation]]]:
         """Level-triggered dispatch: the node's desired set now and after every change
         that touches the node."""
         authorize(who, "node.agent")
@@ -260,8 +264,10 @@ class LatticeService:
                 raw = await q.get()
                 if raw is not None:
                     d = decode_delta(raw)
-                    if not d.snapshot and not any(n.id == node_id for n in d.nodes) and not any(
-                        node_id in a.assigned_nodes for a in d.allocations
+                    if (
+                        not d.snapshot
+                        and not any(n.id == node_id for n in d.nodes)
+                        and not any(node_id in a.assigned_nodes for a in d.allocations)
                     ):
                         continue
                 gen, allocs = self.desired_for(node_id)
@@ -276,13 +282,19 @@ class LatticeService:
 
     def list_tenants(self, who: Identity) -> list[Tenant]:
         authorize(who, "tenant.read")
-        return self.member.read(lambda s: [msgspec.structs.replace(t) for t in sorted(s.tenants.values(), key=lambda t: t.name)])
+        return self.member.read(
+            lambda s: [
+                msgspec.structs.replace(t) for t in sorted(s.tenants.values(), key=lambda t: t.name)
+            ]
+        )
 
     def get_tenant(self, who: Identity, name: str) -> Tenant:
         authorize(who, "tenant.read")
         t = self.member.read(lambda s: s.tenants.get(name))
         if t is None:
-            raise NotFound(f'tenant "{name}" not found', hint="List tenants with `lattice admin tenant list`.")
+            raise NotFound(
+                f'tenant "{name}" not found', hint="List tenants with `lattice admin tenant list`."
+            )
         return msgspec.structs.replace(t)
 
     async def create_tenant(self, who: Identity, body: dict[str, Any]) -> Tenant:
@@ -303,19 +315,29 @@ class LatticeService:
         authorize(who, "tenant.admin")
         fields = {k: v for k, v in fields.items() if k != "name"}
         _check_quota_values(fields.get("max_nodes"), fields.get("max_concurrent_allocations"))
-        res = raise_if_error(await self.member.propose(c.UpdateTenant(name=name, fields=fields, now=time.time())))
+        res = raise_if_error(
+            await self.member.propose(c.UpdateTenant(name=name, fields=fields, now=time.time()))
+        )
         assert res.tenant is not None
         return res.tenant
 
     def list_vclusters(self, who: Identity) -> list[VCluster]:
         authorize(who, "vcluster.read")
-        return self.member.read(lambda s: [msgspec.structs.replace(v) for v in sorted(s.vclusters.values(), key=lambda v: v.name)])
+        return self.member.read(
+            lambda s: [
+                msgspec.structs.replace(v)
+                for v in sorted(s.vclusters.values(), key=lambda v: v.name)
+            ]
+        )
 
     def get_vcluster(self, who: Identity, name: str) -> VCluster:
         authorize(who, "vcluster.read")
         v = self.member.read(lambda s: s.vclusters.get(name))
         if v is None:
-            raise NotFound(f'vCluster "{name}" not found', hint="List vClusters with `lattice admin vcluster list`.")
+            raise NotFound(
+                f'vCluster "{name}" not found',
+                hint="List vClusters with `lattice admin vcluster list`.",
+            )
         return msgspec.structs.replace(v)
 
     async def create_vcluster(self, who: Identity, body: dict[str, Any]) -> VCluster:
@@ -335,7 +357,9 @@ class LatticeService:
             raise ValidationError(f"invalid vCluster: {e}") from None
         if v.cycle_interval_seconds <= 0:
             raise ValidationError("cycle_interval_seconds must be greater than zero")
-        res = raise_if_error(await self.member.propose(c.CreateVCluster(vcluster=v, now=time.time())))
+        res = raise_if_error(
+            await self.member.propose(c.CreateVCluster(vcluster=v, now=time.time()))
+        )
         assert res.vcluster is not None
         return res.vcluster
 
@@ -347,7 +371,9 @@ class LatticeService:
                 msgspec.convert(fields["weights"], CostWeights)
             except msgspec.ValidationError as e:
                 raise ValidationError(f"invalid weights: {e}") from None
-        res = raise_if_error(await self.member.propose(c.UpdateVCluster(name=name, fields=fields, now=time.time())))
+        res = raise_if_error(
+            await self.member.propose(c.UpdateVCluster(name=name, fields=fields, now=time.time()))
+        )
         assert res.vcluster is not None
         return res.vcluster
 

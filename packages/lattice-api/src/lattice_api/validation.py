@@ -10,7 +10,6 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 import msgspec
-
 from lattice_common.duration import parse_duration
 from lattice_common.errors import NotFound, ValidationError
 from lattice_common.types import AllocationSpec, Constraints, LifecycleType, RequeuePolicy

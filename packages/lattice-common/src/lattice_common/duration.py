@@ -8,7 +8,7 @@ import re
 from lattice_common.errors import ValidationError
 
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_SUFFIXED = re.compile(r"^(\d+)([smhd])$")
+_SUFFIXED = re.compile(r"^([0-9]+)([smhd])$")
 _HINT = "Use a duration like 90s, 30m, 72h, 1d, MM:SS, HH:MM:SS or D-HH:MM:SS."
 
 
@@ -25,24 +25,27 @@ def parse_duration(text: str, *, field: str = "walltime") -> int:
     return seconds
 
 
+def _isnum(p: str) -> bool:
+    # ASCII only: str.isdigit() is also true for "²" or "١", which int() rejects or misreads.
+    return p.isascii() and p.isdigit()
+
+
 def _parse(s: str) -> int | None:
     if not s or len(s) > 32:
         return None
     m = _SUFFIXED.match(s)
     if m:
         return int(m.group(1)) * _UNIT[m.group(2)]
-    if s.isdigit():  # Slurm: bare number is minutes
+    if _isnum(s):  # Slurm: bare number is minutes
         return int(s) * 60
     days = 0
     if "-" in s:
         d, _, s = s.partition("-")
-        if not d.isdigit() or not s:
+        if not _isnum(d) or not s:
             return None
         days = int(d)
     parts = s.split(":")
-    if not all(
-        (p.isdigit() and len(p) <= 2) or (i == 0 and p.isdigit()) for i, p in enumerate(parts)
-    ):
+    if not all((_isnum(p) and len(p) <= 2) or (i == 0 and _isnum(p)) for i, p in enumerate(parts)):
         return None
     nums = [int(p) for p in parts]
     if any(n >= 60 for n in nums[1:]):

@@ -21,12 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
-from prometheus_client import Gauge, Histogram
-
 from lattice_common import commands as c
 from lattice_common.errors import LatticeError, NotLeader, Unavailable, ValidationError
 from lattice_common.watch import StateDelta, encode_delta
+from prometheus_client import Gauge, Histogram
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+
 from lattice_quorum.state import Changes, GlobalState, apply
 
 log = logging.getLogger("lattice.quorum")
@@ -37,8 +37,12 @@ COMMIT_LATENCY = Histogram(
     ["member_id"],
     buckets=(0.001, 0.002, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
-RAFT_LEADER = Gauge("lattice_raft_leader", "1 if this member is leader, 0 if follower", ["member_id"])
-RAFT_LOG_ENTRIES = Gauge("lattice_raft_log_entries", "Number of entries in the Raft log", ["member_id"])
+RAFT_LEADER = Gauge(
+    "lattice_raft_leader", "1 if this member is leader, 0 if follower", ["member_id"]
+)
+RAFT_LOG_ENTRIES = Gauge(
+    "lattice_raft_log_entries", "Number of entries in the Raft log", ["member_id"]
+)
 
 MARKER = "cluster.json"
 
@@ -47,7 +51,9 @@ class StateMachine(SyncObjConsumer):
     """The replicated object. Attributes set before ``super().__init__`` are local;
     ``self.state`` (set after) is what pysyncobj snapshots into the full dump."""
 
-    def __init__(self, on_applied: Callable[[GlobalState, Changes], None], on_reset: Callable[[], None]):
+    def __init__(
+        self, on_applied: Callable[[GlobalState, Changes], None], on_reset: Callable[[], None]
+    ):
         self._lock = threading.RLock()
         self._on_applied = on_applied
         self._on_reset = on_reset
@@ -283,7 +289,11 @@ class QuorumMember:
     @property
     def leader_raft_address(self) -> str | None:
         leader = self.syncobj._getLeader()
-        return None if leader is None else str(leader.address if hasattr(leader, "address") else leader)
+        return (
+            None
+            if leader is None
+            else str(leader.address if hasattr(leader, "address") else leader)
+        )
 
     def status(self) -> dict[str, Any]:
         st = self.syncobj.getStatus()

@@ -10,7 +10,6 @@ quotas (max_nodes, max_concurrent_allocations) are enforced here and nowhere els
 from __future__ import annotations
 
 import msgspec
-
 from lattice_common import commands as c
 from lattice_common.errors import (
     AlreadyExists,
@@ -327,11 +326,18 @@ def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandRes
                 details={"current": cur_nodes, "requested": len(nodes), "limit": t.max_nodes},
                 hint="Cancel running allocations or request a quota increase from your tenant admin.",
             )
-        if t.max_concurrent_allocations is not None and cur_allocs + 1 > t.max_concurrent_allocations:
+        if (
+            t.max_concurrent_allocations is not None
+            and cur_allocs + 1 > t.max_concurrent_allocations
+        ):
             raise QuotaExceeded(
                 f'allocation rejected: tenant "{t.name}" would exceed max_concurrent_allocations quota '
                 f"(current: {cur_allocs}, requested: 1, limit: {t.max_concurrent_allocations})",
-                details={"current": cur_allocs, "requested": 1, "limit": t.max_concurrent_allocations},
+                details={
+                    "current": cur_allocs,
+                    "requested": 1,
+                    "limit": t.max_concurrent_allocations,
+                },
                 hint="Wait for running allocations to finish or request a quota increase.",
             )
     check_transition(a.id, a.state, AllocationState.RUNNING)
@@ -397,9 +403,7 @@ def _requeue(state: GlobalState, a: Allocation, reason: str, ch: Changes) -> Non
     _touch_alloc(state, a, ch)  # submitted_at is kept: no queue-jumping penalty
 
 
-def _update_state(
-    state: GlobalState, cmd: c.UpdateAllocationState, ch: Changes
-) -> c.CommandResult:
+def _update_state(state: GlobalState, cmd: c.UpdateAllocationState, ch: Changes) -> c.CommandResult:
     a = _alloc(state, cmd.allocation_id)
     if a.state == cmd.state:
         return c.CommandResult(revision=state.revision, allocation=a)
@@ -411,9 +415,7 @@ def _update_state(
         ):
             _requeue(state, a, cmd.reason or "failed", ch)
         else:
-            _finish(
-                state, a, cmd.state, cmd.now, cmd.reason, cmd.exit_code, ch, cmd.finished_at
-            )
+            _finish(state, a, cmd.state, cmd.now, cmd.reason, cmd.exit_code, ch, cmd.finished_at)
         return c.CommandResult(revision=state.revision, allocation=a)
     check_transition(a.id, a.state, cmd.state)
     _bump(state)
@@ -478,7 +480,9 @@ _VCLUSTER_FIELDS = {
 def _create_tenant(state: GlobalState, cmd: c.CreateTenant, ch: Changes) -> c.CommandResult:
     t = cmd.tenant
     if t.name in state.tenants:
-        raise AlreadyExists(f'tenant "{t.name}" already exists', hint="Use `lattice admin tenant update`.")
+        raise AlreadyExists(
+            f'tenant "{t.name}" already exists', hint="Use `lattice admin tenant update`."
+        )
     _bump(state)
     t.created_at = cmd.now
     t.revision = state.revision
@@ -490,7 +494,9 @@ def _create_tenant(state: GlobalState, cmd: c.CreateTenant, ch: Changes) -> c.Co
 def _update_tenant(state: GlobalState, cmd: c.UpdateTenant, ch: Changes) -> c.CommandResult:
     t = state.tenants.get(cmd.name)
     if t is None:
-        raise NotFound(f'tenant "{cmd.name}" not found', hint="List tenants with `lattice admin tenant list`.")
+        raise NotFound(
+            f'tenant "{cmd.name}" not found', hint="List tenants with `lattice admin tenant list`."
+        )
     unknown = set(cmd.fields) - _TENANT_FIELDS
     if unknown:
         raise ValidationError(f"unknown tenant fields: {', '.join(sorted(unknown))}")

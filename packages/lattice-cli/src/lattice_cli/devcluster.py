@@ -1,0 +1,391 @@
+"""A whole Lattice cluster on one machine, as real processes on loopback.
+
+Used by ``lattice dev up`` and by the test harness: 1 or 3 ``lattice-server``
+members, one ``lattice-scheduler`` per vCluster and N ``lattice-agent`` processes,
+each with its own config, data directory and log file under ``base_dir``. Synchronous
+on purpose (subprocess + urllib) so both a CLI command and pytest fixtures can drive it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@dataclass
+class Member:
+    id: int
+    raft_port: int
+    grpc_port: int
+    rest_port: int
+    dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+
+@dataclass
+class AgentProc:
+    node_id: str
+    dir: Path
+    group: int
+    args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str],
+        *,
+        members: int = 1,
+        agents: int = 2,
+        vclusters: tuple[str, ...] = ("default",),
+        tenant: str = "default",
+        groups: int = 2,
+        cycle_interval: float = 5.0,
+        heartbeat_interval: float = 10.0,
+        heartbeat_timeout: float = 30.0,
+        grace_period: float = 60.0,
+        walltime_grace: float = 30.0,
+        preferred_ports: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        if members not in (1, 3, 5):
+            raise ClusterError("a quorum has 1, 3 or 5 members")
+        self.base = Path(base_dir).resolve()
+        self.n_members = members
+        self.n_agents = agents
+        self.vclusters = tuple(vclusters)
+        self.tenant = tenant
+        self.groups = max(1, groups)
+        self.cycle_interval = cycle_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.grace_period = grace_period
+        self.walltime_grace = walltime_grace
+        self.env = {**os.environ, **(env or {})}
+        self.env.setdefault("PYTHONUNBUFFERED", "1")
+        self.members: list[Member] = []
+        self.schedulers: dict[str, subprocess.Popen[bytes]] = {}
+        self.agents: list[AgentProc] = []
+        self._layout(preferred_ports)
+
+    # --- layout and config --------------------------------------------------------
+
+    def _layout(self, preferred: bool) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        (self.base / "logs").mkdir(exist_ok=True)
+        saved = self.base / "cluster.json"
+        if saved.exists():
+            data = json.loads(saved.read_text())
+            if data.get("members") == self.n_members:
+                self.members = [Member(dir=Path(m.pop("dir")), **m) for m in data["ports"]]
+        if not self.members:
+            for i in range(1, self.n_members + 1):
+                want = (9000 + i - 1, 50051 + i - 1, 8080 + i - 1) if preferred else (0, 0, 0)
+                ports = [p if p and port_free(p) else free_port() for p in want]
+                self.members.append(Member(i, *ports, dir=self.base / f"member-{i}"))
+            saved.write_text(
+                json.dumps(
+                    {
+                        "members": self.n_members,
+                        "ports": [
+                            {
+                                "id": m.id,
+                                "raft_port": m.raft_port,
+                                "grpc_port": m.grpc_port,
+                                "rest_port": m.rest_port,
+                                "dir": str(m.dir),
+                            }
+                            for m in self.members
+                        ],
+                    }
+                )
+            )
+        for m in self.members:
+            m.dir.mkdir(parents=True, exist_ok=True)
+            (m.dir / "config.yaml").write_text(yaml.safe_dump(self.member_config(m)))
+        for i in range(self.n_agents):
+            self.agents.append(self._agent_proc(i))
+
+    def _agent_proc(self, i: int) -> AgentProc:
+        node_id = f"node-{i + 1:03d}"
+        d = self.base / "agents" / node_id
+        d.mkdir(parents=True, exist_ok=True)
+        return AgentProc(node_id=node_id, dir=d, group=i % self.groups)
+
+    def member_config(self, m: Member) -> dict[str, Any]:
+        return {
+            "quorum": {
+                "node_id": m.id,
+                "bind": f"127.0.0.1:{m.raft_port}",
+                "data_dir": str(m.dir / "raft"),
+                "peers": [
+                    {
+                        "id": p.id,
+                        "address": f"127.0.0.1:{p.raft_port}",
+                        "api_address": p.grpc_address,
+                    }
+                    for p in self.members
+                    if p.id != m.id
+                ],
+            },
+            "api": {
+                "grpc_listen": m.grpc_address,
+                "rest_listen": f"127.0.0.1:{m.rest_port}",
+            },
+            "node_agent": {
+                "heartbeat_interval_seconds": self.heartbeat_interval,
+                "heartbeat_timeout_seconds": self.heartbeat_timeout,
+                "grace_period_seconds": self.grace_period,
+                "walltime_grace_seconds": self.walltime_grace,
+            },
+            "scheduling": {"cycle_interval_seconds": self.cycle_interval},
+        }
+
+    @property
+    def grpc_endpoints(self) -> str:
+        return ",".join(m.grpc_address for m in self.members)
+
+    @property
+    def rest_url(self) -> str:
+        return self.members[0].rest_url
+
+    def log_path(self, name: str) -> Path:
+        return self.base / "logs" / f"{name}.log"
+
+    def _spawn(self, name: str, module: str, args: list[str]) -> subprocess.Popen[bytes]:
+        logf = open(self.log_path(name), "ab")  # noqa: SIM115 (kept open by the child)
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,  # Ctrl-C in the terminal reaches only `dev up`
+            )
+        finally:
+            logf.close()
+
+    # --- members --------------------------------------------------------------------
+
+    def start_member(self, m: Member) -> None:
+        args = ["--config", str(m.dir / "config.yaml")]
+        if m.id == 1 and not (m.dir / "raft" / "cluster.json").exists():
+            args.append("--bootstrap")
+        m.proc = self._spawn(f"member-{m.id}", "lattice_api.main", args)
+
+    def stop_member(self, m: Member, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        _stop(m.proc, sig, timeout)
+        m.proc = None
+
+    def leader(self, timeout: float = 15.0) -> Member:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for m in self.members:
+                if m.proc is None or m.proc.poll() is not None:
+                    continue
+                h = self._get(m.rest_url + "/healthz", quiet=True)
+                if h and h.get("is_leader"):
+                    return m
+            time.sleep(0.05)
+        raise ClusterError(f"no Raft leader within {timeout:.0f}s; see {self.base / 'logs'}")
+
+    # --- schedulers and agents ----------------------------------------------------------
+
+    def start_scheduler(self, vcluster: str) -> None:
+        self.schedulers[vcluster] = self._spawn(
+            f"scheduler-{vcluster}",
+            "lattice_scheduler.main",
+            [
+                "--vcluster",
+                vcluster,
+                "--quorum-endpoint",
+                self.grpc_endpoints,
+                "--cycle-interval",
+                str(self.cycle_interval),
+                "--metrics-listen",
+                "",
+            ],
+        )
+
+    def start_agent(self, a: AgentProc) -> None:
+        a.proc = self._spawn(
+            f"agent-{a.node_id}",
+            "lattice_agent.main",
+            [
+                "--node-id",
+                a.node_id,
+                "--quorum-endpoint",
+                self.grpc_endpoints,
+                "--listen",
+                "127.0.0.1:0",
+                "--state-file",
+                str(a.dir / "agent-state.json"),
+                "--work-dir",
+                str(a.dir / "work"),
+                "--log-dir",
+                str(a.dir / "logs"),
+                "--heartbeat-interval",
+                str(self.heartbeat_interval),
+                "--walltime-grace",
+                str(self.walltime_grace),
+                "--group",
+                str(a.group),
+                "--metrics-listen",
+                "",
+                *a.args,
+            ],
+        )
+
+    def stop_agent(self, a: AgentProc, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        _stop(a.proc, sig, timeout)
+        a.proc = None
+
+    def add_agent(self, **kw: Any) -> AgentProc:
+        a = self._agent_proc(len(self.agents))
+        self.agents.append(a)
+        self.start_agent(a)
+        return a
+
+    # --- whole cluster ------------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> None:
+        for m in self.members:
+            self.start_member(m)
+        leader = self.leader(timeout)
+        self.ensure_defaults(leader)
+        for vc in self.vclusters:
+            self.start_scheduler(vc)
+        for a in self.agents:
+            self.start_agent(a)
+        self.wait_for_nodes(self.n_agents, timeout)
+
+    def ensure_defaults(self, leader: Member) -> None:
+        self._post(leader.rest_url + "/api/v1/tenants", {"name": self.tenant}, ok_conflict=True)
+        for vc in self.vclusters:
+            st = "interactive-fifo" if vc == "interactive" else "hpc-backfill"
+            self._post(
+                leader.rest_url + "/api/v1/vclusters",
+                {"name": vc, "scheduler_type": st, "cycle_interval_seconds": self.cycle_interval},
+                ok_conflict=True,
+            )
+
+    def wait_for_nodes(self, count: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            nodes = (self._get(self.rest_url + "/api/v1/nodes", quiet=True) or {}).get("nodes", [])
+            if sum(1 for n in nodes if n["state"] == "Ready") >= count:
+                return
+            time.sleep(0.1)
+        raise ClusterError(
+            f"{count} agents did not register within {timeout:.0f}s; see {self.base / 'logs'}"
+        )
+
+    def stop(self) -> None:
+        for a in self.agents:
+            self.stop_agent(a)
+        for p in self.schedulers.values():
+            _stop(p, signal.SIGTERM, 10)
+        self.schedulers.clear()
+        for m in self.members:
+            self.stop_member(m)
+        self.kill_workloads()
+
+    def kill_workloads(self) -> None:
+        """Workloads outlive their agent by design; a dev cluster going away takes them along."""
+        for a in self.agents:
+            state = a.dir / "agent-state.json"
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads(state.read_text())
+                allocs = data.get("allocations", data) if isinstance(data, dict) else data
+                items = allocs.values() if isinstance(allocs, dict) else allocs
+                for rec in items:
+                    pgid = rec.get("pgid") if isinstance(rec, dict) else None
+                    if pgid:
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.killpg(int(pgid), signal.SIGKILL)
+
+    def cli_config(self) -> dict[str, Any]:
+        return {"endpoint": self.rest_url, "tenant": self.tenant, "vcluster": self.vclusters[0]}
+
+    def write_cli_config(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(self.cli_config()))
+        return path
+
+    # --- tiny HTTP helpers (no event loop needed) ------------------------------------
+
+    def _get(self, url: str, quiet: bool = False) -> Any:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return json.loads(r.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            if quiet:
+                return None
+            raise
+
+    def _post(self, url: str, body: dict[str, Any], ok_conflict: bool = False) -> Any:
+        req = urllib.request.Request(
+            url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if ok_conflict and e.code == 409:
+                return None
+            raise ClusterError(
+                f"POST {url} failed: {e.code} {e.read().decode(errors='replace')}"
+            ) from None
+
+
+def _stop(proc: subprocess.Popen[bytes] | None, sig: int, timeout: float) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)

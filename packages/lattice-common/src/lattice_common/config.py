@@ -1,0 +1,779 @@
+"""Configuration of every Lattice process: pydantic models loaded from YAML.
+
+Why this module exists: the server, schedulers, checkpoint broker and agents all read one
+file (``/etc/lattice/config.yaml``; examples in ``config/minimal.yaml`` and
+``config/production.yaml``), and each takes the sections it needs. Keeping the schema in
+one place means one set of names and defaults, one set of checks, and one error format.
+
+Rules:
+
+* Every section and field has a default, so an empty file is a valid single-member dev
+  configuration. Unknown keys are errors (a typo must not silently fall back to a
+  default), and errors are :class:`~lattice_common.errors.ValidationError` naming the key,
+  the value and where it came from, never a raw pydantic traceback.
+* Environment variables override the file: ``LATTICE_<SECTION>__<FIELD>`` (double
+  underscore between levels, case-insensitive), e.g.
+  ``LATTICE_SCHEDULING__CYCLE_INTERVAL_SECONDS=2``. Values are strings parsed by the
+  field's type (``"2"`` becomes ``2.0``, ``"true"`` becomes ``True``); a value starting
+  with ``[`` or ``{`` is read as YAML/JSON, for list and mapping fields such as
+  ``LATTICE_QUORUM__PEERS``. ``LATTICE_*`` names without a double underscore (those the
+  agent sets inside allocations, ``LATTICE_ENDPOINT`` of the CLI, ...) are not config
+  and are ignored, except the two documented names:
+
+  - ``LATTICE_OIDC_HMAC_SECRET`` -> ``api.oidc_hmac_secret``
+  - ``LATTICE_AGENT_TOKEN`` -> ``api.agent_token``
+
+  (the ``LATTICE_API__...`` form of the same field wins if both are set).
+* Secrets are :class:`pydantic.SecretStr`: they print as ``**********`` in ``repr``,
+  ``str``, logs, ``model_dump_json`` and error messages; read them with
+  ``.get_secret_value()`` at the one place that needs the clear text. Secrets belong in
+  the environment (systemd ``EnvironmentFile=``), not in the YAML file.
+* Relative paths (``data_dir``, ``state_file``, ...) are relative to the working
+  directory of the process, as usual for command-line tools.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from lattice_common.errors import ValidationError
+from lattice_common.types import SchedulerType
+
+__all__ = [
+    "AccountingConfig",
+    "ApiConfig",
+    "CheckpointConfig",
+    "CompatConfig",
+    "DefaultVCluster",
+    "FederationConfig",
+    "FederationPeer",
+    "LatticeConfig",
+    "NetworkConfig",
+    "NodeAgentConfig",
+    "PeerConfig",
+    "QuorumConfig",
+    "RateLimitConfig",
+    "SchedulingConfig",
+    "StorageConfig",
+    "TelemetryConfig",
+    "load_config",
+]
+
+ENV_PREFIX = "LATTICE_"
+# Documented environment names that do not follow LATTICE_<SECTION>__<FIELD>.
+SPECIAL_ENV: dict[str, tuple[str, ...]] = {
+    "LATTICE_OIDC_HMAC_SECRET": ("api", "oidc_hmac_secret"),
+    "LATTICE_AGENT_TOKEN": ("api", "agent_token"),
+}
+# Spellings used by the specification's examples, accepted and mapped to our names.
+_KEY_ALIASES: dict[tuple[str, ...], dict[str, str]] = {
+    (): {"rate_limits": "rate_limit"},
+    ("compat",): {"set_slurm_env": "slurm_env"},
+}
+_HINT = "See config/production.yaml for every option, its meaning and its default."
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _check_host_port(value: str, *, allow_empty: bool = False, allow_port_zero: bool = True) -> str:
+    """``host:port`` (IPv6 as ``[::1]:9000``). Port 0 means "pick a free port" for listeners."""
+    value = value.strip()
+    if not value and allow_empty:
+        return value
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isascii() or not port.isdigit():
+        raise ValueError(f"expected host:port, got {value!r}")
+    low = 0 if allow_port_zero else 1
+    if not low <= int(port) <= 65535:
+        raise ValueError(f"port must be between {low} and 65535, got {port}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------
+# quorum
+# ---------------------------------------------------------------------------------------
+
+
+class PeerConfig(_Section):
+    """Another quorum member (the spec's example lists the other members, not this one)."""
+
+    id: int = Field(ge=1, description="Raft node id of that member")
+    address: str = Field(description="that member's Raft address, host:port")
+    api_address: str = Field(
+        default="",
+        description="that member's gRPC API host:port, used to forward proposals to the leader",
+    )
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        return _check_host_port(v, allow_port_zero=False)
+
+    @field_validator("api_address")
+    @classmethod
+    def _api_address(cls, v: str) -> str:
+        return _check_host_port(v, allow_empty=True, allow_port_zero=False)
+
+
+class QuorumConfig(_Section):
+    """This Raft member (pysyncobj) and its peers. A single member with no peers is dev mode."""
+
+    node_id: int = Field(default=1, ge=1, description="this member's Raft node id")
+    bind: str = Field(default="127.0.0.1:9000", description="this member's Raft address")
+    data_dir: str = Field(
+        default="/var/lib/lattice/raft", description="Raft journal and snapshots (fast disk)"
+    )
+    peers: list[PeerConfig] = Field(default_factory=list, description="the other members")
+    append_entries_period: float = Field(default=0.01, gt=0, description="seconds")
+    auto_tick_period: float = Field(default=0.002, gt=0, description="seconds")
+    raft_min_timeout: float = Field(default=0.15, gt=0, description="election timeout, seconds")
+    raft_max_timeout: float = Field(default=0.35, gt=0, description="election timeout, seconds")
+    commit_timeout_seconds: float = Field(
+        default=5.0, gt=0, description="how long a proposal waits to commit before Unavailable"
+    )
+    log_compaction_min_entries: int = Field(
+        default=20000, ge=1, description="snapshot after this many journal entries ..."
+    )
+    log_compaction_min_time: float = Field(
+        default=300.0, gt=0, description="... and at least this many seconds apart"
+    )
+    snapshot_retention_count: int = Field(
+        default=5, ge=1, description="local snapshots kept (spec: raft.snapshot_retention_count)"
+    )
+    backup_dir: str = Field(
+        default="/var/lib/lattice/backups", description="where admin backups are written"
+    )
+
+    @field_validator("bind")
+    @classmethod
+    def _bind(cls, v: str) -> str:
+        return _check_host_port(v)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> QuorumConfig:
+        if self.raft_min_timeout >= self.raft_max_timeout:
+            raise ValueError(
+                f"raft_min_timeout ({self.raft_min_timeout}) must be less than "
+                f"raft_max_timeout ({self.raft_max_timeout})"
+            )
+        seen: set[int] = set()
+        for p in self.peers:
+            if p.id in seen:
+                raise ValueError(f"peer id {p.id} is listed twice")
+            seen.add(p.id)
+        return self
+
+    @property
+    def other_peers(self) -> list[PeerConfig]:
+        """Peers other than this member (a config may list itself too; that entry is skipped)."""
+        return [p for p in self.peers if p.id != self.node_id]
+
+
+# ---------------------------------------------------------------------------------------
+# api
+# ---------------------------------------------------------------------------------------
+
+
+class ApiConfig(_Section):
+    """Public gRPC and REST listeners and authentication (spec: Authentication & Authorization)."""
+
+    grpc_listen: str = "0.0.0.0:50051"
+    rest_listen: str = "0.0.0.0:8080"
+    oidc_issuer: str = Field(default="", description="IdP URL; enables JWKS (RS256/ES256)")
+    oidc_client_id: str = Field(default="lattice", description="expected `aud` claim")
+    oidc_hmac_secret: SecretStr | None = Field(
+        default=None, description="HS256 secret, dev/break-glass; env LATTICE_OIDC_HMAC_SECRET"
+    )
+    agent_token: SecretStr | None = Field(
+        default=None, description="bearer token agents present without mTLS; LATTICE_AGENT_TOKEN"
+    )
+    tls_cert: str = Field(default="", description="server certificate PEM path; empty = no TLS")
+    tls_key: str = Field(default="", description="server key PEM path")
+    tls_ca: str = Field(default="", description="CA PEM path; set = require client certs (mTLS)")
+    max_request_bytes: int = Field(default=1_048_576, ge=1024)
+
+    @field_validator("grpc_listen", "rest_listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        return _check_host_port(v)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ApiConfig:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key must be set together")
+        if self.tls_ca and not self.tls_cert:
+            raise ValueError("tls_ca (mTLS) needs tls_cert and tls_key")
+        return self
+
+
+# ---------------------------------------------------------------------------------------
+# scheduling
+# ---------------------------------------------------------------------------------------
+
+
+class DefaultVCluster(_Section):
+    """A vCluster created at bootstrap when the state has none."""
+
+    name: str = Field(min_length=1)
+    scheduler_type: str = "hpc-backfill"
+
+    @field_validator("scheduler_type")
+    @classmethod
+    def _scheduler_type(cls, v: str) -> str:
+        allowed = [s.value for s in SchedulerType]
+        if v not in allowed:
+            raise ValueError(f"unknown scheduler_type {v!r}; expected one of {', '.join(allowed)}")
+        return v
+
+
+class SchedulingConfig(_Section):
+    """vCluster scheduling loops (spec: Scheduling Cycle Tuning, Backfill Tuning)."""
+
+    cycle_interval_seconds: float = Field(
+        default=5.0, gt=0, description="5s interactive/small, 15s batch, 30s very large"
+    )
+    backfill_depth: int = Field(default=10, ge=0, description="0 = no backfill; 10-20 typical")
+    reference_wait_seconds: float = Field(
+        default=3600.0, gt=0, description="wait time at which f2 (wait_time) saturates"
+    )
+    default_vclusters: list[DefaultVCluster] = Field(
+        default_factory=lambda: [DefaultVCluster(name="default", scheduler_type="hpc-backfill")]
+    )
+    scaling_evaluation_interval_seconds: float = Field(
+        default=60.0, gt=0, description="reactive allocations' metric evaluation interval"
+    )
+    trace_capture: bool = Field(default=False, description="record cycles for RM-Replay")
+    trace_path: str = Field(default="", description="where captured traces are written")
+    metrics_listen: str = Field(default="0.0.0.0:9102", description="empty = no metrics")
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics(cls, v: str) -> str:
+        return _check_host_port(v, allow_empty=True)
+
+    @model_validator(mode="after")
+    def _unique(self) -> SchedulingConfig:
+        names = [v.name for v in self.default_vclusters]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"default_vclusters lists {', '.join(dupes)} more than once")
+        if self.trace_capture and not self.trace_path:
+            raise ValueError("trace_capture needs trace_path")
+        return self
+
+
+# ---------------------------------------------------------------------------------------
+# node agent
+# ---------------------------------------------------------------------------------------
+
+
+class NodeAgentConfig(_Section):
+    """Per-node daemon and the quorum's view of node liveness (spec: Node Lifecycle)."""
+
+    heartbeat_interval_seconds: float = Field(default=10.0, gt=0)
+    heartbeat_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="no heartbeat this long -> Degraded"
+    )
+    sensitive_heartbeat_timeout_seconds: float = Field(
+        default=120.0, gt=0, description="longer degradation window for sensitive nodes"
+    )
+    grace_period_seconds: float = Field(default=60.0, ge=0, description="Degraded -> Down")
+    sensitive_grace_period_seconds: float = Field(default=300.0, ge=0)
+    borrowed_grace_period_seconds: float = Field(default=30.0, ge=0)
+    walltime_grace_seconds: float = Field(
+        default=30.0, ge=0, description="SIGTERM -> SIGKILL at walltime, cancel and preemption"
+    )
+    state_file: str = "/var/lib/lattice/agent-state.json"
+    work_dir: str = "/var/lib/lattice/allocations"
+    log_dir: str = "/var/log/lattice/allocations"
+    ring_buffer_lines: int = Field(default=10000, ge=1, description="live-tail lines per alloc")
+    grpc_listen: str = "0.0.0.0:50053"
+    metrics_listen: str = Field(default="0.0.0.0:9103", description="empty = no metrics")
+
+    @field_validator("grpc_listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        return _check_host_port(v)
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics(cls, v: str) -> str:
+        return _check_host_port(v, allow_empty=True)
+
+
+# ---------------------------------------------------------------------------------------
+# storage, telemetry
+# ---------------------------------------------------------------------------------------
+
+
+class StorageConfig(_Section):
+    """Where logs and checkpoints persist (spec: Data Plane, Checkpoint Destinations)."""
+
+    s3_endpoint: str = Field(default="", description="S3-compatible endpoint URL; empty = none")
+    s3_region: str = ""
+    log_bucket: str = Field(default="", description="persistent logs: s3://BUCKET/{tenant}/...")
+    checkpoint_bucket: str = Field(default="", description="checkpoints; empty = log_bucket")
+    nfs_path: str = Field(default="", description="POSIX scratch/checkpoint root; empty = none")
+
+
+class TelemetryConfig(_Section):
+    """TSDB and the node agents' aggregation mode (spec: Telemetry)."""
+
+    tsdb_endpoint: str = Field(default="", description="VictoriaMetrics URL; empty = none")
+    mode: Literal["prod", "debug", "audit"] = "prod"
+    aggregation_window_seconds: float = Field(default=30.0, gt=0, description="prod mode")
+    debug_auto_revert_seconds: float = Field(
+        default=1800.0, gt=0, description="debug mode reverts to prod after this long"
+    )
+    debug_trace_retention_days: int = Field(default=7, ge=1)
+
+
+# ---------------------------------------------------------------------------------------
+# checkpoint broker, network
+# ---------------------------------------------------------------------------------------
+
+
+class CheckpointConfig(_Section):
+    """Checkpoint broker (spec: Checkpoint Broker, Preemption)."""
+
+    evaluation_interval_seconds: float = Field(
+        default=30.0, gt=0, description="cost model re-evaluated per running allocation"
+    )
+    checkpoint_timeout_seconds: float = Field(
+        default=600.0, gt=0, description="no completion after a hint -> forced preemption"
+    )
+    storage_probe_interval_seconds: float = Field(
+        default=60.0, gt=0, description="write probe of the checkpoint destination"
+    )
+    metrics_listen: str = Field(default="0.0.0.0:9104", description="empty = no metrics")
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics(cls, v: str) -> str:
+        return _check_host_port(v, allow_empty=True)
+
+
+class NetworkConfig(_Section):
+    """Network domains and the Slingshot VNI pool (spec: Network Domains).
+
+    VNIs 1 (management) and 2 (telemetry) are reserved; 3-999 are kept for future use.
+    """
+
+    vni_pool_start: int = Field(default=1000, ge=3, le=65535)
+    vni_pool_end: int = Field(default=4095, ge=3, le=65535)
+    domain_grace_period_seconds: float = Field(
+        default=300.0, ge=0, description="empty domain keeps its VNI this long"
+    )
+    max_domains_per_tenant: int = Field(default=50, ge=1)
+
+    @model_validator(mode="after")
+    def _range(self) -> NetworkConfig:
+        if self.vni_pool_start > self.vni_pool_end:
+            raise ValueError(
+                f"vni_pool_start ({self.vni_pool_start}) must not exceed "
+                f"vni_pool_end ({self.vni_pool_end})"
+            )
+        return self
+
+
+# ---------------------------------------------------------------------------------------
+# accounting, rate limits, federation, compat
+# ---------------------------------------------------------------------------------------
+
+
+class AccountingConfig(_Section):
+    """Waldur accounting push (spec: Accounting via Waldur). Off = no accounting code runs."""
+
+    enabled: bool = False
+    waldur_url: str = Field(default="", description="Waldur API base URL")
+    waldur_token: SecretStr | None = Field(
+        default=None, description="API token; env LATTICE_ACCOUNTING__WALDUR_TOKEN, not the file"
+    )
+    waldur_token_secret_ref: str = Field(default="", description="e.g. vault://lattice/waldur")
+    push_interval_seconds: float = Field(default=60.0, gt=0)
+    buffer_size: int = Field(default=10000, ge=1, description="in-memory event buffer")
+    disk_buffer_path: str = "/var/lib/lattice/accounting-wal"
+    disk_buffer_max_events: int = Field(default=100000, ge=1)
+
+    @model_validator(mode="after")
+    def _url(self) -> AccountingConfig:
+        if self.enabled and not self.waldur_url:
+            raise ValueError("accounting is enabled but waldur_url is empty")
+        return self
+
+
+class RateLimitConfig(_Section):
+    """Per-user API rate limits (spec: Rate Limiting). Off = no limits."""
+
+    enabled: bool = False
+    requests_per_minute: int = Field(default=600, ge=1, description="all other calls")
+    attach_max_concurrent: int = Field(default=5, ge=1)
+    stream_logs_max_concurrent: int = Field(default=10, ge=1)
+    stream_metrics_max_concurrent: int = Field(default=5, ge=1)
+    query_metrics_per_minute: int = Field(default=60, ge=1)
+    diagnostics_per_minute: int = Field(default=30, ge=1)
+    compare_per_minute: int = Field(default=10, ge=1)
+
+
+class FederationPeer(_Section):
+    name: str = Field(min_length=1, description="peer site name")
+    endpoint: str = Field(min_length=1, description="peer federation broker host:port")
+    workspace: str = Field(default="", description="shared Sovra workspace")
+
+
+class FederationConfig(_Section):
+    """Sovra cross-site federation (spec: Federation). Off = no federation code runs."""
+
+    enabled: bool = False
+    site_name: str = ""
+    sovra_workspace: str = ""
+    peers: list[FederationPeer] = Field(default_factory=list)
+    catalog_sync_interval_seconds: float = Field(default=3600.0, gt=0)
+    peer_stale_after_seconds: float = Field(default=7200.0, gt=0)
+    peer_unreachable_after_seconds: float = Field(default=86400.0, gt=0)
+
+
+class CompatConfig(_Section):
+    """Slurm compatibility (spec: Slurm Migration)."""
+
+    slurm_env: bool = Field(
+        default=True, description="set SLURM_* variables in allocations (spec: set_slurm_env)"
+    )
+    sbatch_directives: bool = Field(default=True, description="honour #SBATCH in scripts")
+    qos_map: dict[str, int] = Field(
+        default_factory=dict, description="--qos name -> preemption class"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        return _apply_aliases(data, ("compat",))
+
+    @field_validator("qos_map")
+    @classmethod
+    def _classes(cls, v: dict[str, int]) -> dict[str, int]:
+        for name, klass in v.items():
+            if not 0 <= klass <= 10:
+                raise ValueError(f"preemption class for qos {name!r} must be 0..10, got {klass}")
+        return v
+
+
+# ---------------------------------------------------------------------------------------
+# the whole file
+# ---------------------------------------------------------------------------------------
+
+
+class LatticeConfig(_Section):
+    """The whole configuration file. Every section is optional."""
+
+    quorum: QuorumConfig = Field(default_factory=QuorumConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    node_agent: NodeAgentConfig = Field(default_factory=NodeAgentConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    accounting: AccountingConfig = Field(default_factory=AccountingConfig)
+    rate_limit: RateLimitConfig = Field(default_factory=RateLimitConfig)
+    federation: FederationConfig = Field(default_factory=FederationConfig)
+    compat: CompatConfig = Field(default_factory=CompatConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sections(cls, data: Any) -> Any:
+        data = _apply_aliases(data, ())
+        if isinstance(data, dict):
+            # `section:` with every key commented out is YAML null: treat it as empty.
+            data = {k: ({} if v is None and k in cls.model_fields else v) for k, v in data.items()}
+        return data
+
+
+def _apply_aliases(data: Any, where: tuple[str, ...]) -> Any:
+    aliases = _KEY_ALIASES.get(where)
+    if not aliases or not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for alias, name in aliases.items():
+        if alias in out:
+            if name in out:
+                prefix = ".".join(where) + "." if where else ""
+                raise ValueError(f"give either {prefix}{name} or {prefix}{alias}, not both")
+            out[name] = out.pop(alias)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> LatticeConfig:
+    """Read ``path`` (YAML; ``None`` = no file, defaults only), apply ``LATTICE_*``
+    overrides from ``env`` (``None`` = ``os.environ``; pass ``{}`` to ignore the
+    environment) and validate. Raises :class:`ValidationError` on any problem."""
+    source = os.fspath(path) if path is not None else None
+    data = _read_yaml(source) if source is not None else {}
+    data = _canonical(data)
+    env_sources = _apply_env(data, os.environ if env is None else env)
+    try:
+        return LatticeConfig.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise _convert(exc, source, env_sources) from None
+
+
+def _read_yaml(source: str) -> dict[str, Any]:
+    p = Path(source)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValidationError(
+            f"configuration file {source} not found",
+            details={"path": source},
+            hint="Pass --config with an existing file; config/minimal.yaml is a starting point.",
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValidationError(
+            f"cannot read configuration file {source}: {reason}",
+            details={"path": source},
+            hint="Check that the path is a readable UTF-8 text file.",
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        where = f" at line {line}" if line else ""
+        details: dict[str, Any] = {"path": source}
+        if line:
+            details["line"] = line
+            details["column"] = mark.column + 1
+        raise ValidationError(
+            f"invalid YAML in {source}{where}: {problem}",
+            details=details,
+            hint="Check indentation (spaces, not tabs) and quoting around that line.",
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValidationError(
+            f"configuration file {source} must contain a mapping of sections, "
+            f"not {type(data).__name__}",
+            details={"path": source},
+            hint=_HINT,
+        )
+    return data
+
+
+def _canonical(data: dict[str, Any]) -> dict[str, Any]:
+    """Map the specification's alternative spellings before env overrides are merged."""
+    try:
+        data = _apply_aliases(data, ())
+        if isinstance(data.get("compat"), dict):
+            data["compat"] = _apply_aliases(data["compat"], ("compat",))
+    except ValueError as exc:
+        raise ValidationError(f"invalid configuration: {exc}", hint=_HINT) from None
+    return data
+
+
+def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+    """Merge overrides into ``data`` in place; return dotted key -> environment name."""
+    overrides: list[tuple[int, str, tuple[str, ...], str]] = []
+    for name, value in env.items():
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX):
+            continue
+        if upper in SPECIAL_ENV:
+            overrides.append((0, name, SPECIAL_ENV[upper], value))
+            continue
+        rest = upper[len(ENV_PREFIX) :]
+        if "__" not in rest:
+            continue  # not a config override (LATTICE_TASK_INDEX, LATTICE_ENDPOINT, ...)
+        parts = tuple(p.lower() for p in rest.split("__"))
+        if not all(parts):
+            raise ValidationError(
+                f"malformed configuration variable {name}",
+                details={"variable": name},
+                hint="Use LATTICE_<SECTION>__<FIELD>, e.g. LATTICE_SCHEDULING__BACKFILL_DEPTH=20.",
+            )
+        parts = _canonical_path(parts)
+        overrides.append((1, name, parts, value))
+    sources: dict[str, str] = {}
+    # Documented short names first so that the explicit section form wins.
+    for _, name, parts, value in sorted(overrides, key=lambda o: (o[0], o[1])):
+        node = data
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ValidationError(
+                    f"cannot apply {name}: {'.'.join(parts[: depth + 1])} is not a section",
+                    details={"variable": name},
+                    hint=_HINT,
+                )
+            node = child
+        node[parts[-1]] = _env_value(value)
+        sources[".".join(parts)] = name
+    return sources
+
+
+def _canonical_path(parts: tuple[str, ...]) -> tuple[str, ...]:
+    out: list[str] = []
+    for part in parts:
+        out.append(_KEY_ALIASES.get(tuple(out), {}).get(part, part))
+    return tuple(out)
+
+
+def _env_value(value: str) -> Any:
+    stripped = value.strip()
+    if stripped[:1] in ("[", "{"):
+        try:
+            return yaml.safe_load(stripped)
+        except yaml.YAMLError:
+            return value  # let the field's validator report it
+    return value
+
+
+_SECRETISH = ("secret", "token", "password")
+
+
+def _convert(
+    exc: pydantic.ValidationError, source: str | None, env_sources: dict[str, str]
+) -> ValidationError:
+    problems: list[str] = []
+    first_key = ""
+    first_value: Any = None
+    first_hint = ""
+    all_env = True
+    for err in exc.errors():
+        loc = tuple(err.get("loc", ()))
+        key = _dotted(loc)
+        extra = err.get("type") == "extra_forbidden"
+        env_name = _env_source(loc, env_sources, below=extra)
+        all_env = all_env and env_name is not None
+        origin = f" (from {env_name})" if env_name else ""
+        if extra:
+            text = f"unknown key '{key}'{origin}"
+            value_shown = None
+            hint = _suggest(loc)
+        else:
+            msg = str(err.get("msg", "invalid value"))
+            msg = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+            secret = any(s in str(p).lower() for p in loc for s in _SECRETISH)
+            value_shown = "**********" if secret else _short(err.get("input"))
+            if err.get("type") == "missing":
+                text = f"{key}: required field is missing{origin}"
+            elif isinstance(err.get("input"), dict) and err.get("type") in (
+                "value_error",
+                "assertion_error",
+            ):
+                # A cross-field check on a whole section: the message names the fields.
+                text = f"{key}: {msg}{origin}" if key else f"{msg}{origin}"
+                value_shown = None
+            elif "got " in msg:  # our own validators already quote the value
+                text = f"{key}: {msg}{origin}"
+            else:
+                text = f"{key}: {msg} (got {value_shown}){origin}"
+            hint = _HINT
+        problems.append(text)
+        if not first_key:
+            first_key, first_value, first_hint = key, value_shown, hint
+    where = f" in {source}" if source and not all_env else ""
+    if len(problems) == 1:
+        message = f"invalid configuration{where}: {problems[0]}"
+    else:
+        message = f"{len(problems)} configuration problems{where}: " + "; ".join(problems)
+    details: dict[str, Any] = {"key": first_key}
+    if first_value is not None:
+        details["value"] = first_value
+    if source:
+        details["path"] = source
+    if len(problems) > 1:
+        details["problems"] = problems
+    return ValidationError(message, details=details, hint=first_hint or _HINT)
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _env_source(
+    loc: tuple[Any, ...], env_sources: dict[str, str], *, below: bool = False
+) -> str | None:
+    """The variable that set ``loc`` (or a section above it). With ``below``, also one that
+    set a key under it: an unknown section or key created only by the environment."""
+    names = [str(p) for p in loc if not isinstance(p, int)]
+    for n in range(len(names), 0, -1):
+        hit = env_sources.get(".".join(names[:n]))
+        if hit:
+            return hit
+    if below and names:
+        prefix = ".".join(names) + "."
+        for key, name in env_sources.items():
+            if key.startswith(prefix):
+                return name
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that owns the last element of ``loc`` (for "did you mean")."""
+    model: type[BaseModel] = LatticeConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        inner = _model_in(field.annotation)
+        if inner is None:
+            return None
+        model = inner
+    return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _suggest(loc: tuple[Any, ...]) -> str:
+    model = _model_at(loc)
+    if model is None or not loc:
+        return _HINT
+    valid = list(model.model_fields)
+    section = _dotted(loc[:-1]) or "the top level"
+    close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
+    did_you_mean = f"Did you mean '{close[0]}'? " if close else ""
+    return f"{did_you_mean}Valid keys in {section}: {', '.join(valid)}."

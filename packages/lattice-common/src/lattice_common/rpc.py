@@ -1,0 +1,125 @@
+"""gRPC plumbing shared by the processes that talk to lattice-server (schedulers,
+agents, the checkpoint broker): endpoint failover, auth metadata, typed errors, and
+the remote QuorumClient (propose + watch-state)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from lattice_common import commands as c
+from lattice_common.errors import ERROR_CLASSES, LatticeError, NotLeader, Unavailable
+from lattice_common.proto.lattice import v1
+from lattice_common.watch import StateDelta, decode_delta
+
+TRANSPORT_ERRORS = (OSError, StreamTerminatedError, ConnectionError, TimeoutError)
+
+
+def decode_grpc_error(e: GRPCError) -> LatticeError:
+    """Rebuild the server's typed error from the JSON it put in the status message."""
+    try:
+        d = json.loads(e.message or "")
+        if isinstance(d, dict) and "code" in d:
+            return LatticeError.from_dict(d)
+    except ValueError:
+        pass
+    if e.status == Status.UNAVAILABLE:
+        return Unavailable(e.message or "unavailable")
+    cls = next((k for k in ERROR_CLASSES.values() if k.grpc_status == e.status.value), LatticeError)
+    return cls(e.message or e.status.name)
+
+
+class Endpoints:
+    """A list of ``host:port`` API endpoints; ``rotate`` moves to the next one."""
+
+    def __init__(self, spec: str | list[str]) -> None:
+        items = spec.split(",") if isinstance(spec, str) else spec
+        self.items = [
+            i.strip().removeprefix("http://").removeprefix("grpc://") for i in items if i.strip()
+        ]
+        if not self.items:
+            raise ValueError("no quorum endpoint given")
+        self.index = 0
+        self._channel: Channel | None = None
+
+    @property
+    def current(self) -> str:
+        return self.items[self.index]
+
+    def channel(self) -> Channel:
+        if self._channel is None:
+            host, _, port = self.current.rpartition(":")
+            self._channel = Channel(host or "127.0.0.1", int(port))
+        return self._channel
+
+    def rotate(self, prefer: str = "") -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if prefer and prefer in self.items:
+            self.index = self.items.index(prefer)
+        elif prefer:
+            self.items.append(prefer)
+            self.index = len(self.items) - 1
+        else:
+            self.index = (self.index + 1) % len(self.items)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+
+def auth_metadata(token: str | None = None) -> dict[str, str] | None:
+    token = token or os.environ.get("LATTICE_AGENT_TOKEN") or ""
+    return {"authorization": f"Bearer {token}"} if token else None
+
+
+class RemoteQuorum:
+    """QuorumClient over gRPC: what a scheduler or broker uses to read and change state."""
+
+    def __init__(
+        self, endpoints: Endpoints, token: str | None = None, timeout: float = 10.0
+    ) -> None:
+        self.endpoints = endpoints
+        self.metadata = auth_metadata(token)
+        self.timeout = timeout
+
+    def _stub(self) -> v1.QuorumServiceStub:
+        return v1.QuorumServiceStub(self.endpoints.channel(), metadata=self.metadata)
+
+    async def propose(self, cmd: c.Command) -> c.CommandResult:
+        try:
+            resp = await self._stub().propose(
+                v1.ProposeRequest(command=c.encode_command(cmd)), timeout=self.timeout
+            )
+        except GRPCError as e:
+            err = decode_grpc_error(e)
+            if isinstance(err, Unavailable):
+                self.endpoints.rotate()
+            raise err from None
+        except TRANSPORT_ERRORS as e:
+            self.endpoints.rotate()
+            raise Unavailable(f"quorum endpoint unreachable: {e}") from None
+        return c.decode_result(resp.result)
+
+    async def watch(self) -> AsyncIterator[StateDelta]:
+        """Snapshot then deltas. Raises Unavailable when the stream breaks (caller
+        reconnects; the next snapshot replaces the mirror)."""
+        try:
+            async for ev in self._stub().watch_state(v1.WatchStateRequest()):
+                yield decode_delta(ev.payload)
+        except GRPCError as e:
+            self.endpoints.rotate()
+            raise decode_grpc_error(e) from None
+        except TRANSPORT_ERRORS as e:
+            self.endpoints.rotate()
+            raise Unavailable(f"watch stream broke: {e}") from None
+
+
+__all__ = ["Endpoints", "NotLeader", "RemoteQuorum", "auth_metadata", "decode_grpc_error"]

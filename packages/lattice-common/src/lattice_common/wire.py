@@ -1,0 +1,164 @@
+"""Domain records (msgspec Structs) <-> wire messages (betterproto2 Messages).
+
+Every process thinks in ``lattice_common.types`` records and talks in the messages
+generated from ``proto/lattice/v1`` (``lattice_common.proto.lattice.v1``). The two are
+kept one vocabulary by a naming rule: a message field has exactly the name of the
+Struct field it carries. The conversion therefore goes through a plain dict, one field
+name to one value, with no per-type mapping code:
+
+* a dict is the one shape both libraries build from and read into natively
+  (``msgspec.convert`` / ``Message.from_dict``, ``Message.to_dict``), so nested
+  records, lists, maps, enums (as their string values) and ``None`` are handled once,
+  here, instead of in a hand-written converter per message that drifts with the types;
+* adding a field to a record and to its message needs no change here, and
+  ``tests/test_proto_contract.py`` fails when the two stop matching.
+
+What the dicts must get right, and why this module exists instead of calling the two
+libraries inline:
+
+* ``Message.to_dict()`` defaults to proto-JSON (camelCase keys, 64-bit ints as
+  strings, bytes as base64); we ask for ``OutputFormat.PYTHON`` and ``Casing.SNAKE``.
+* proto3 cannot tell "unset" from zero for plain scalars. Fields that are zero on the
+  wire are left out of the dict so the record's own default applies (``lifecycle=""``
+  becomes ``bounded``). Numbers whose domain default is not zero, or that may be
+  absent, are proto3 ``optional`` (``nodes``, ``preemption_class``, ``exit_code``...):
+  they are kept whenever set, so an explicit 0 survives, and ``None`` means "default".
+* A Struct field without a default (``entrypoint``, ``tenant``) that is empty on the
+  wire is filled with the empty value rather than rejected, so validation, not
+  decoding, reports it.
+* ``msgspec.to_builtins`` honours ``omit_defaults`` and would leave defaults off the
+  wire; :func:`to_message` writes every field so that any reader (not only this
+  module) sees the real values.
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+import typing
+from typing import Any, TypeVar
+
+import betterproto2
+import msgspec
+from betterproto2 import Casing, OutputFormat
+
+from lattice_common.errors import ValidationError
+
+StructT = TypeVar("StructT", bound=msgspec.Struct)
+MessageT = TypeVar("MessageT", bound=betterproto2.Message)
+
+__all__ = ["from_message", "to_message"]
+
+
+def to_message(
+    struct: msgspec.Struct, message_cls: type[MessageT], *, ignore_unknown_fields: bool = False
+) -> MessageT:
+    """Build a ``message_cls`` from a domain record.
+
+    Every field of ``struct`` (defaults included) is written; enums become their string
+    values, ``None`` leaves an optional field unset. A Struct field the message lacks is
+    a contract error and raises ``TypeError`` unless ``ignore_unknown_fields``.
+    """
+    data = _struct_to_builtins(struct)
+    try:
+        return message_cls.from_dict(data, ignore_unknown_fields=ignore_unknown_fields)
+    except KeyError as e:
+        raise TypeError(
+            f"{type(struct).__name__} does not fit {message_cls.__name__}: {e.args[0]}"
+        ) from None
+
+
+def from_message(message: betterproto2.Message, struct_cls: type[StructT]) -> StructT:
+    """Build a domain record of type ``struct_cls`` from a wire message.
+
+    Unset and zero plain fields take the record's default; set ``optional`` fields are
+    kept (0 included); message fields the record does not have are ignored. Raises
+    :class:`~lattice_common.errors.ValidationError` when a value does not fit the record
+    (unknown state name, missing nested record, ...).
+    """
+    data = _message_to_builtins(message, struct_cls)
+    try:
+        return msgspec.convert(data, struct_cls)
+    except msgspec.ValidationError as e:
+        raise ValidationError(
+            f"invalid {type(message).__name__}: {e}",
+            details={"message": type(message).__name__, "error": str(e)},
+            hint="Check the request fields against proto/lattice/v1.",
+        ) from None
+
+
+# ---------------------------------------------------------------- struct -> dict
+
+
+def _struct_to_builtins(value: Any) -> Any:
+    if isinstance(value, msgspec.Struct):
+        return {name: _struct_to_builtins(getattr(value, name)) for name in value.__struct_fields__}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {_struct_to_builtins(k): _struct_to_builtins(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_struct_to_builtins(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    # bytes -> base64 text (what Message.from_dict expects), datetimes -> ISO text, ...
+    return msgspec.to_builtins(value)
+
+
+# ---------------------------------------------------------------- message -> dict
+
+
+def _message_to_builtins(message: betterproto2.Message, struct_cls: type) -> dict[str, Any]:
+    data = message.to_dict(
+        output_format=OutputFormat.PYTHON, casing=Casing.SNAKE, include_default_values=False
+    )
+    _complete(data, message, struct_cls)
+    return data
+
+
+def _complete(data: dict[str, Any], message: betterproto2.Message, struct_cls: type) -> None:
+    """Fill required Struct fields that were empty on the wire, recursing into records."""
+    for field in msgspec.structs.fields(struct_cls):
+        name = field.name
+        wire_value = getattr(message, name, None)
+        if name not in data:
+            # A set nested message is always in `data` (as {} at least); what is missing
+            # here is a zero scalar, an empty list/map, or an unset message (left out,
+            # so msgspec reports the missing record).
+            if field.required and wire_value is not None:
+                data[name] = wire_value  # "", 0, False, [] or {}
+            continue
+        nested = _struct_of(field.type)
+        if nested is None or wire_value is None:
+            continue
+        value = data[name]
+        if isinstance(value, dict) and isinstance(wire_value, betterproto2.Message):
+            _complete(value, wire_value, nested)
+        elif isinstance(value, list) and isinstance(wire_value, list):
+            for item, wire_item in zip(value, wire_value, strict=False):
+                if isinstance(item, dict) and isinstance(wire_item, betterproto2.Message):
+                    _complete(item, wire_item, nested)
+        elif isinstance(value, dict) and isinstance(wire_value, dict):
+            for key, item in value.items():
+                wire_item = wire_value.get(key)
+                if isinstance(item, dict) and isinstance(wire_item, betterproto2.Message):
+                    _complete(item, wire_item, nested)
+
+
+def _struct_of(annotation: Any) -> type | None:
+    """The Struct type inside ``T``, ``T | None``, ``list[T]`` or ``dict[str, T]``, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        return annotation
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            found = _struct_of(arg)
+            if found is not None:
+                return found
+        return None
+    if origin in (list, tuple, set, frozenset) and args:
+        return _struct_of(args[0])
+    if origin is dict and len(args) == 2:
+        return _struct_of(args[1])
+    return None

@@ -1,0 +1,245 @@
+"""The node agent's shell: register, heartbeat, follow the desired state, reconcile.
+
+All decisions are in ``reconcile`` (pure) and the process work in ``ProcessRuntime``;
+this module moves messages and time. Heartbeats go to the Raft leader (a follower
+answers with a leader hint) every ``heartbeat_interval`` and immediately whenever an
+allocation starts or exits, so completions reach the quorum without waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+from grpclib.exceptions import GRPCError
+from grpclib.server import Server
+from lattice_common.errors import LatticeError
+from lattice_common.proto.lattice import v1
+from lattice_common.rpc import TRANSPORT_ERRORS, Endpoints, auth_metadata, decode_grpc_error
+from lattice_common.types import Allocation, AllocationReport, Node, NodeCapabilities
+from lattice_common.wire import from_message, to_message
+from prometheus_client import Histogram
+
+from lattice_agent.reconcile import Forget, Start, Stop, reconcile
+from lattice_agent.runtime import ProcessRuntime
+from lattice_agent.service import NodeAgentService
+
+log = logging.getLogger("lattice.agent")
+
+HEARTBEAT_LATENCY = Histogram(
+    "lattice_agent_heartbeat_latency_seconds", "Heartbeat round-trip time", ["node_id"]
+)
+STARTUP = Histogram(
+    "lattice_agent_allocation_startup_seconds",
+    "Time from allocation assignment to process start",
+    ["node_id"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        endpoints: Endpoints,
+        capabilities: NodeCapabilities,
+        hostname: str,
+        group: int = 0,
+        conformance_group: str = "",
+        home_vcluster: str = "",
+        work_dir: Path,
+        log_dir: Path,
+        state_file: Path,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+        advertise_host: str = "",
+        heartbeat_interval: float = 10.0,
+        walltime_grace: float = 30.0,
+        ring_buffer_lines: int = 10000,
+        token: str | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.endpoints = endpoints
+        self.capabilities = capabilities
+        self.hostname = hostname
+        self.group = group
+        self.conformance_group = conformance_group
+        self.home_vcluster = home_vcluster
+        self.listen_host = listen_host
+        self.listen_port = listen_port
+        self.advertise_host = advertise_host or (
+            listen_host if listen_host not in ("0.0.0.0", "") else hostname
+        )
+        self.heartbeat_interval = heartbeat_interval
+        self.metadata = auth_metadata(token)
+        self.log_dir = log_dir
+        self.runtime = ProcessRuntime(
+            node_id=node_id,
+            work_dir=work_dir,
+            log_dir=log_dir,
+            state_file=state_file,
+            walltime_grace_seconds=walltime_grace,
+            ring_buffer_lines=ring_buffer_lines,
+            on_change=self._on_runtime_change,
+        )
+        self.attempts: dict[str, int] = {}
+        self.generation = 0
+        self.sequence = 0
+        self._beat_now = asyncio.Event()
+        self._registered = asyncio.Event()
+        self._server: Server | None = None
+        self.address = ""
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        reattached = await self.runtime.recover()
+        if reattached:
+            log.info("reattached to running allocations: %s", ", ".join(reattached))
+        self._server = Server([NodeAgentService(self.node_id, self.runtime, self.log_dir)])
+        await self._server.start(self.listen_host, self.listen_port)
+        port = self._server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.address = f"{self.advertise_host}:{port}"
+        tasks = [
+            asyncio.create_task(self._register_loop(), name="register"),
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self._desired_loop(), name="desired-state"),
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._server.close()
+            await self.runtime.close()  # workloads keep running (KillMode=process)
+            self.endpoints.close()
+
+    def _stub(self) -> v1.NodeServiceStub:
+        return v1.NodeServiceStub(self.endpoints.channel(), metadata=self.metadata)
+
+    def _on_runtime_change(self, report: AllocationReport) -> None:
+        self._beat_now.set()
+
+    # --- registration -----------------------------------------------------------------
+
+    async def register(self) -> None:
+        node = Node(
+            id=self.node_id,
+            hostname=self.hostname,
+            capabilities=self.capabilities,
+            group=self.group,
+            conformance_group=self.conformance_group,
+            agent_address=self.address,
+            home_vcluster=self.home_vcluster,
+        )
+        await self._stub().register_node(
+            v1.RegisterNodeRequest(node=to_message(node, v1.Node)), timeout=10
+        )
+        self._registered.set()
+        log.info("registered node %s (agent at %s)", self.node_id, self.address)
+
+    async def _register_loop(self) -> None:
+        delay = 0.2
+        while not self._registered.is_set():
+            try:
+                await self.register()
+                return
+            except (GRPCError, *TRANSPORT_ERRORS) as e:
+                log.warning(
+                    "registration via %s failed (%s); retrying", self.endpoints.current, _why(e)
+                )
+                self.endpoints.rotate()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # --- heartbeats -----------------------------------------------------------------
+
+    async def heartbeat(self) -> None:
+        self.sequence += 1
+        reports = self.runtime.reports()
+        t0 = time.perf_counter()
+        resp = await self._stub().heartbeat(
+            v1.HeartbeatRequest(
+                node_id=self.node_id,
+                sequence=self.sequence,
+                allocations=[to_message(r, v1.AllocationReport) for r in reports],
+                generation=self.generation,
+                timestamp=time.time(),
+            ),
+            timeout=10,
+        )
+        HEARTBEAT_LATENCY.labels(self.node_id).observe(time.perf_counter() - t0)
+        if resp.leader_hint:
+            log.info("not the leader; switching to %s", resp.leader_hint)
+            self.endpoints.rotate(prefer=resp.leader_hint)
+            self._beat_now.set()
+        elif resp.reregister:
+            await self.register()
+
+    async def _heartbeat_loop(self) -> None:
+        await self._registered.wait()
+        while True:
+            try:
+                await self.heartbeat()
+            except (GRPCError, *TRANSPORT_ERRORS) as e:
+                log.warning("heartbeat via %s failed (%s)", self.endpoints.current, _why(e))
+                if not isinstance(e, GRPCError):
+                    self.endpoints.rotate()
+                await asyncio.sleep(0.5)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._beat_now.wait(), self.heartbeat_interval)
+            self._beat_now.clear()
+
+    # --- desired state ------------------------------------------------------------------
+
+    async def _desired_loop(self) -> None:
+        await self._registered.wait()
+        while True:
+            try:
+                async for ds in self._stub().watch_desired_state(
+                    v1.WatchDesiredStateRequest(
+                        node_id=self.node_id, known_generation=self.generation
+                    )
+                ):
+                    await self.apply_desired(
+                        ds.generation, [from_message(a, Allocation) for a in ds.allocations]
+                    )
+            except asyncio.CancelledError:
+                raise
+            except (GRPCError, *TRANSPORT_ERRORS, LatticeError) as e:
+                log.warning(
+                    "desired-state stream via %s lost (%s)", self.endpoints.current, _why(e)
+                )
+            await asyncio.sleep(0.5)
+
+    async def apply_desired(self, generation: int, desired: list[Allocation]) -> None:
+        self.generation = generation
+        actions = reconcile(self.node_id, desired, self.runtime.reports(), self.attempts)
+        for act in actions:
+            if isinstance(act, Stop):
+                await self.runtime.stop(act.allocation_id, reason=act.reason)
+                self.runtime.forget(act.allocation_id)
+                self.attempts.pop(act.allocation_id, None)
+            elif isinstance(act, Forget):
+                self.runtime.forget(act.allocation_id)
+                self.attempts.pop(act.allocation_id, None)
+            elif isinstance(act, Start):
+                a = act.allocation
+                self.attempts[a.id] = a.requeue_count
+                await self.runtime.start(a, nodelist=list(a.assigned_nodes))
+                if a.started_at:
+                    STARTUP.labels(self.node_id).observe(max(0.0, time.time() - a.started_at))
+        if actions:
+            self._beat_now.set()
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, GRPCError):
+        return decode_grpc_error(e).message
+    return str(e) or type(e).__name__

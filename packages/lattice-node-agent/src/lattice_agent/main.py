@@ -1,0 +1,126 @@
+"""``lattice-agent``: the per-node daemon."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+from lattice_common.config import load_config
+from lattice_common.errors import LatticeError
+from lattice_common.logging import setup_logging
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="lattice-agent",
+        description="Run the Lattice node agent: register this node, heartbeat, and run "
+        "the allocations the quorum assigns to it.",
+    )
+    p.add_argument(
+        "--node-id", default=os.environ.get("LATTICE_NODE_ID"), help="node id (default: hostname)"
+    )
+    p.add_argument(
+        "--quorum-endpoint",
+        default=os.environ.get("LATTICE_QUORUM_ENDPOINT", "127.0.0.1:50051"),
+        help="lattice-server gRPC address(es), comma-separated (default: %(default)s)",
+    )
+    p.add_argument("--config", help="YAML config file (node_agent section)")
+    p.add_argument(
+        "--listen", help="host:port for the agent's gRPC service (default: config; port 0 = any)"
+    )
+    p.add_argument("--advertise-host", default="", help="host the API uses to reach this agent")
+    p.add_argument("--state-file", help="where running allocations are persisted")
+    p.add_argument("--work-dir", help="per-allocation working directories")
+    p.add_argument("--log-dir", help="per-allocation log files")
+    p.add_argument("--heartbeat-interval", type=float, help="seconds between heartbeats")
+    p.add_argument("--walltime-grace", type=float, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--group", type=int, default=0, help="dragonfly topology group of this node")
+    p.add_argument("--conformance-group", default="", help="conformance fingerprint group")
+    p.add_argument("--home-vcluster", default="", help="vCluster whose pool this node belongs to")
+    p.add_argument(
+        "--feature",
+        action="append",
+        default=[],
+        help="node feature (repeatable), e.g. nvme_scratch",
+    )
+    p.add_argument("--cpu-cores", type=int, help="override discovered CPU cores")
+    p.add_argument("--memory-gb", type=int, help="override discovered memory")
+    p.add_argument("--gpu-type", help="override discovered GPU type")
+    p.add_argument("--gpu-count", type=int, help="override discovered GPU count")
+    p.add_argument("--metrics-listen", help="host:port for /metrics; empty to disable")
+    p.add_argument("--log-level", default=os.environ.get("LATTICE_LOG_LEVEL", "info"))
+    return p.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> None:
+    from lattice_common.rpc import Endpoints
+
+    from lattice_agent.agent import Agent
+    from lattice_agent.discovery import discover, hostname
+
+    cfg = load_config(args.config)
+    na = cfg.node_agent
+    metrics = na.metrics_listen if args.metrics_listen is None else args.metrics_listen
+    if metrics:
+        from prometheus_client import start_http_server
+
+        host, _, port = metrics.rpartition(":")
+        start_http_server(int(port), addr=host or "0.0.0.0")
+    listen = args.listen or na.grpc_listen
+    lhost, _, lport = listen.rpartition(":")
+    token = cfg.api.agent_token.get_secret_value() if cfg.api.agent_token else None
+    agent = Agent(
+        node_id=args.node_id or hostname(),
+        endpoints=Endpoints(args.quorum_endpoint),
+        capabilities=discover(
+            cpu_cores=args.cpu_cores,
+            memory=args.memory_gb,
+            gpu_type=args.gpu_type,
+            gpu_count=args.gpu_count,
+            features=args.feature,
+        ),
+        hostname=hostname(),
+        group=args.group,
+        conformance_group=args.conformance_group,
+        home_vcluster=args.home_vcluster,
+        work_dir=Path(args.work_dir or na.work_dir),
+        log_dir=Path(args.log_dir or na.log_dir),
+        state_file=Path(args.state_file or na.state_file),
+        listen_host=lhost or "0.0.0.0",
+        listen_port=int(lport),
+        advertise_host=args.advertise_host,
+        heartbeat_interval=args.heartbeat_interval or na.heartbeat_interval_seconds,
+        walltime_grace=na.walltime_grace_seconds
+        if args.walltime_grace is None
+        else args.walltime_grace,
+        ring_buffer_lines=na.ring_buffer_lines,
+        token=token,
+    )
+    task = asyncio.create_task(agent.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    setup_logging("lattice-agent", args.log_level)
+    try:
+        asyncio.run(run(args))
+    except LatticeError as e:
+        print(e.render(), file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

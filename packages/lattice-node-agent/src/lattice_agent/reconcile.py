@@ -1,0 +1,53 @@
+"""Level-triggered reconcile: desired allocations vs what actually runs here.
+
+A pure function. The agent calls it with the latest desired set from the quorum and
+the runtime's reports, and executes the actions it returns. Only the head node
+(first assigned node) runs the entrypoint, as a batch script runs on the first node
+of a Slurm allocation; the other nodes are held for tasks launched into it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from lattice_common.types import Allocation, AllocationReport
+
+
+class Start(msgspec.Struct, frozen=True):
+    allocation: Allocation
+
+
+class Stop(msgspec.Struct, frozen=True):
+    allocation_id: str
+    reason: str
+
+
+class Forget(msgspec.Struct, frozen=True):
+    allocation_id: str
+
+
+Action = Start | Stop | Forget
+
+
+def reconcile(
+    node_id: str,
+    desired: list[Allocation],
+    actual: list[AllocationReport],
+    attempts: dict[str, int],
+) -> list[Action]:
+    """``attempts`` maps allocation id -> requeue_count of the run we know about, so a
+    requeued allocation that comes back to this node starts afresh."""
+    want = {a.id: a for a in desired if a.assigned_nodes and a.assigned_nodes[0] == node_id}
+    have = {r.allocation_id: r for r in actual}
+    actions: list[Action] = []
+    for aid, r in have.items():
+        a = want.get(aid)
+        if a is None:
+            actions.append(Stop(aid, "cancelled") if r.phase == "running" else Forget(aid))
+        elif attempts.get(aid, a.requeue_count) != a.requeue_count:
+            # a new attempt of an allocation we ran before
+            actions.append(Stop(aid, "requeued") if r.phase == "running" else Forget(aid))
+            actions.append(Start(a))
+    for aid, a in want.items():
+        if aid not in have:
+            actions.append(Start(a))
+    return actions

@@ -1,0 +1,73 @@
+"""NodeAgentService as served by each agent: live logs for the API.
+
+RPCs of the contract that later work builds (attach, launch, PMI fence, abort)
+answer UNIMPLEMENTED naming the RPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpclib
+from grpclib.const import Status
+from lattice_common.proto.lattice import v1
+
+from lattice_agent.runtime import ProcessRuntime
+
+
+class NodeAgentService(v1.NodeAgentServiceBase):
+    def __init__(self, node_id: str, runtime: ProcessRuntime, log_dir: Path) -> None:
+        self.node_id = node_id
+        self.runtime = runtime
+        self.log_dir = log_dir
+
+    async def stream_logs(self, message: v1.LogRequest) -> AsyncIterator[v1.LogLine]:
+        """``tail`` < 0 (or 0 without follow): all history; N > 0: the last N lines."""
+        stream = message.stream or "both"
+        if stream not in ("both", "stdout", "stderr"):
+            raise grpclib.GRPCError(Status.INVALID_ARGUMENT, f"unknown stream {stream!r}")
+        n: int | None = message.tail if message.tail > 0 else None
+        if message.tail == 0 and message.follow:
+            n = 0
+        if message.follow:
+            records = self.runtime.follow(message.allocation_id, stream, n)
+        else:
+            records = _aiter(self.runtime.tail(message.allocation_id, n, stream))
+        async for r in records:
+            yield v1.LogLine(
+                allocation_id=r.allocation_id,
+                node_id=self.node_id,
+                stream=r.stream,
+                line=r.line,
+                timestamp=r.timestamp,
+            )
+
+    async def sync_desired_state(self, message: v1.DesiredState) -> v1.SyncAck:
+        raise grpclib.GRPCError(
+            Status.UNIMPLEMENTED,
+            "NodeAgentService.SyncDesiredState is not implemented yet: agents pull desired "
+            "state with NodeService.WatchDesiredState",
+        )
+
+    async def launch_processes(
+        self, message: v1.LaunchProcessesRequest
+    ) -> v1.LaunchProcessesResponse:
+        raise grpclib.GRPCError(
+            Status.UNIMPLEMENTED, "NodeAgentService.LaunchProcesses is not implemented yet"
+        )
+
+    async def pmi_fence(self, message: v1.PmiFenceRequest) -> v1.PmiFenceResponse:
+        raise grpclib.GRPCError(
+            Status.UNIMPLEMENTED, "NodeAgentService.PmiFence is not implemented yet"
+        )
+
+    async def abort(self, message: v1.AbortRequest) -> v1.AbortResponse:
+        raise grpclib.GRPCError(
+            Status.UNIMPLEMENTED, "NodeAgentService.Abort is not implemented yet"
+        )
+
+
+async def _aiter(items: list) -> AsyncIterator:  # type: ignore[type-arg]
+    for i in items:
+        yield i

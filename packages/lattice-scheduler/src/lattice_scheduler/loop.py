@@ -1,0 +1,147 @@
+"""The vCluster scheduling loop: watch state, decide, propose.
+
+Stateless by design: everything it knows comes from the quorum's watch-state stream
+(snapshot, then deltas) into a StateMirror, so a restart loses nothing. A cycle runs
+every ``cycle_interval`` and at once when a new Pending allocation of one of its
+vClusters shows up in the stream (that is how a submission "pokes" the scheduler).
+Assignments carry the revision they were decided on; the quorum rejects stale or
+conflicting ones and the allocation is simply tried again next cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from lattice_common import commands as c
+from lattice_common.errors import LatticeError
+from lattice_common.rpc import RemoteQuorum
+from lattice_common.types import AllocationState
+from lattice_common.watch import StateMirror
+from prometheus_client import Counter, Gauge, Histogram
+
+from lattice_scheduler.placement import plan_cycle
+
+log = logging.getLogger("lattice.scheduler")
+
+CYCLE = Histogram(
+    "lattice_scheduling_cycle_duration_seconds",
+    "Time to complete one scheduling cycle",
+    ["vcluster"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+QUEUE_DEPTH = Gauge("lattice_scheduling_queue_depth", "Number of pending allocations", ["vcluster"])
+PROPOSALS = Counter(
+    "lattice_scheduling_proposals_total", "Proposals sent to quorum", ["vcluster", "result"]
+)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        quorum: RemoteQuorum,
+        vclusters: list[str],
+        *,
+        cycle_interval: float = 5.0,
+        reconnect_delay: float = 0.5,
+    ) -> None:
+        self.quorum = quorum
+        self.vclusters = list(vclusters)
+        self.cycle_interval = cycle_interval
+        self.reconnect_delay = reconnect_delay
+        self.mirror = StateMirror()
+        self.synced = asyncio.Event()
+        self._poke = asyncio.Event()
+        # allocation id -> revision at which our assignment committed; skipped until the
+        # mirror has caught up to it (no double proposals from a stale view)
+        self._inflight: dict[str, int] = {}
+
+    def poke(self) -> None:
+        self._poke.set()
+
+    async def run(self) -> None:
+        watcher = asyncio.create_task(self._watch(), name="watch-state")
+        try:
+            await self.synced.wait()
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._poke.wait(), self.cycle_interval)
+                self._poke.clear()
+                await self.cycle()
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                async for delta in self.quorum.watch():
+                    self.mirror.apply(delta)
+                    if delta.snapshot:
+                        self.synced.set()
+                        self.poke()
+                    elif any(
+                        a.state == AllocationState.PENDING and a.spec.vcluster in self.vclusters
+                        for a in delta.allocations
+                    ) or any(not n.owner for n in delta.nodes):
+                        self.poke()  # new work or freed capacity
+            except LatticeError as e:
+                log.warning("watch-state stream lost (%s); reconnecting", e.message)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("watch-state stream failed; reconnecting")
+            await asyncio.sleep(self.reconnect_delay)
+
+    async def cycle(self) -> None:
+        rev = self.mirror.revision
+        self._inflight = {k: v for k, v in self._inflight.items() if v > rev}
+        for vc in self.vclusters:
+            t0 = time.perf_counter()
+            proposals, waiting = plan_cycle(
+                vcluster=vc,
+                allocations=self.mirror.allocations,
+                nodes=self.mirror.nodes,
+                tenants=self.mirror.tenants,
+                exclude=self._inflight,
+            )
+            QUEUE_DEPTH.labels(vc).set(len(proposals) + len(waiting))
+            if proposals:
+                batch = c.Batch(
+                    commands=[
+                        c.AssignNodes(
+                            allocation_id=p.allocation_id,
+                            node_ids=list(p.node_ids),
+                            expected_revision=rev,
+                            vcluster=vc,
+                            now=time.time(),
+                        )
+                        for p in proposals
+                    ],
+                    now=time.time(),
+                )
+                try:
+                    res = await self.quorum.propose(batch)
+                except LatticeError as e:
+                    PROPOSALS.labels(vc, "error").inc(len(proposals))
+                    log.warning("proposals for %s failed: %s", vc, e.message)
+                    self.poke_later()
+                else:
+                    for p, r in zip(proposals, res.results or [], strict=False):
+                        if r.error is None:
+                            PROPOSALS.labels(vc, "accepted").inc()
+                            self._inflight[p.allocation_id] = r.revision
+                        else:
+                            PROPOSALS.labels(vc, "rejected").inc()
+                            log.info(
+                                "assignment of %s rejected: %s (retrying next cycle)",
+                                p.allocation_id,
+                                r.error.get("message"),
+                            )
+            CYCLE.labels(vc).observe(time.perf_counter() - t0)
+
+    def poke_later(self, delay: float = 0.5) -> None:
+        asyncio.get_running_loop().call_later(delay, self.poke)

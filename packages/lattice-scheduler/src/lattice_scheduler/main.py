@@ -1,0 +1,87 @@
+"""``lattice-scheduler``: the scheduling loops of one or more vClusters (stateless)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+
+from lattice_common.config import load_config
+from lattice_common.errors import LatticeError
+from lattice_common.logging import setup_logging
+from lattice_common.rpc import Endpoints, RemoteQuorum
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="lattice-scheduler",
+        description="Run the scheduling loop of one or more vClusters against a Lattice quorum.",
+    )
+    p.add_argument(
+        "--vcluster",
+        action="append",
+        required=True,
+        help="vCluster to schedule (repeat, or comma-separate, for several)",
+    )
+    p.add_argument(
+        "--quorum-endpoint",
+        default=os.environ.get("LATTICE_QUORUM_ENDPOINT", "127.0.0.1:50051"),
+        help="lattice-server gRPC address(es), comma-separated (default: %(default)s)",
+    )
+    p.add_argument("--config", help="YAML config file (scheduling section)")
+    p.add_argument(
+        "--cycle-interval", type=float, help="seconds between cycles (default: config, 5)"
+    )
+    p.add_argument(
+        "--metrics-listen", help="host:port for /metrics; empty to disable (default: config)"
+    )
+    p.add_argument("--log-level", default=os.environ.get("LATTICE_LOG_LEVEL", "info"))
+    return p.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> None:
+    from lattice_scheduler.loop import Scheduler
+
+    cfg = load_config(args.config)
+    interval = args.cycle_interval or cfg.scheduling.cycle_interval_seconds
+    if interval <= 0:
+        raise LatticeError("--cycle-interval must be greater than zero")
+    metrics = cfg.scheduling.metrics_listen if args.metrics_listen is None else args.metrics_listen
+    if metrics:
+        from prometheus_client import start_http_server
+
+        host, _, port = metrics.rpartition(":")
+        start_http_server(int(port), addr=host or "0.0.0.0")
+    vclusters = [v.strip() for arg in args.vcluster for v in arg.split(",") if v.strip()]
+    token = cfg.api.agent_token.get_secret_value() if cfg.api.agent_token else None
+    sched = Scheduler(
+        RemoteQuorum(Endpoints(args.quorum_endpoint), token=token),
+        vclusters,
+        cycle_interval=interval,
+    )
+    task = asyncio.create_task(sched.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    setup_logging("lattice-scheduler", args.log_level)
+    try:
+        asyncio.run(run(args))
+    except LatticeError as e:
+        print(e.render(), file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The foundation's placement core: order pending allocations and pick free nodes.
+
+Plain functions over plain data (a StateMirror's dicts): no clock, no I/O. The full
+cost function and GreedyTopologyAwareBackfill replace ``order_pending`` and
+``pick_nodes`` in the scheduling-engine work; ``plan_cycle`` keeps its shape.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+
+import msgspec
+from lattice_common.types import (
+    HOLDING_STATES,
+    Allocation,
+    AllocationState,
+    Constraints,
+    Node,
+    NodeState,
+    Tenant,
+)
+
+
+class Proposal(msgspec.Struct, frozen=True):
+    allocation_id: str
+    node_ids: tuple[str, ...]
+
+
+class Pending(msgspec.Struct, frozen=True):
+    """Why an allocation was not placed this cycle (shown to users later)."""
+
+    allocation_id: str
+    reason: str
+
+
+def order_pending(allocs: Iterable[Allocation]) -> list[Allocation]:
+    """Higher preemption class first, then longest waiting (original submit time)."""
+    return sorted(allocs, key=lambda a: (-a.spec.preemption_class, a.submitted_at, a.id))
+
+
+def satisfies(node: Node, c: Constraints) -> bool:
+    caps = node.capabilities
+    if c.gpu_type and caps.gpu_type.lower() != c.gpu_type.lower():
+        return False
+    if c.gpu_count and caps.gpu_count < c.gpu_count:
+        return False
+    if c.memory_gb and caps.memory_gb < c.memory_gb:
+        return False
+    return not (c.features and not set(c.features) <= set(caps.features))
+
+
+def pick_nodes(candidates: list[Node], count: int) -> list[Node] | None:
+    """``count`` nodes packed into as few topology groups as possible: the tightest
+    single group that fits, else the largest groups first."""
+    if len(candidates) < count:
+        return None
+    by_group: dict[int, list[Node]] = defaultdict(list)
+    for n in candidates:
+        by_group[n.group].append(n)
+    fitting = [g for g, ns in by_group.items() if len(ns) >= count]
+    if fitting:
+        g = min(fitting, key=lambda g: (len(by_group[g]), g))
+        return sorted(by_group[g], key=lambda n: n.id)[:count]
+    chosen: list[Node] = []
+    for g in sorted(by_group, key=lambda g: (-len(by_group[g]), g)):
+        chosen.extend(sorted(by_group[g], key=lambda n: n.id)[: count - len(chosen)])
+        if len(chosen) == count:
+            break
+    return chosen
+
+
+def eligible(node: Node, vcluster: str) -> bool:
+    return node.state == NodeState.READY and not node.owner and node.home_vcluster in ("", vcluster)
+
+
+def plan_cycle(
+    *,
+    vcluster: str,
+    allocations: Mapping[str, Allocation],
+    nodes: Mapping[str, Node],
+    tenants: Mapping[str, Tenant],
+    exclude: Iterable[str] = (),
+) -> tuple[list[Proposal], list[Pending]]:
+    """Decide this cycle's assignments for one vCluster."""
+    skip = set(exclude)
+    pending = order_pending(
+        a
+        for a in allocations.values()
+        if a.state == AllocationState.PENDING and a.spec.vcluster == vcluster and a.id not in skip
+    )
+    if not pending:
+        return [], []
+    free = [n for n in nodes.values() if eligible(n, vcluster)]
+    used_nodes: dict[str, int] = defaultdict(int)
+    used_allocs: dict[str, int] = defaultdict(int)
+    for a in allocations.values():
+        if a.state in HOLDING_STATES:
+            used_nodes[a.spec.tenant] += len(a.assigned_nodes)
+            used_allocs[a.spec.tenant] += 1
+    proposals: list[Proposal] = []
+    waiting: list[Pending] = []
+    taken: set[str] = set()
+    for a in pending:
+        t = tenants.get(a.spec.tenant)
+        if t is not None and (
+            (t.max_nodes is not None and used_nodes[t.name] + a.spec.nodes > t.max_nodes)
+            or (
+                t.max_concurrent_allocations is not None
+                and used_allocs[t.name] + 1 > t.max_concurrent_allocations
+            )
+        ):
+            waiting.append(Pending(a.id, "waiting for quota headroom"))
+            continue
+        matching = [n for n in free if n.id not in taken and satisfies(n, a.spec.constraints)]
+        chosen = pick_nodes(matching, a.spec.nodes)
+        if chosen is None:
+            any_match = any(satisfies(n, a.spec.constraints) for n in nodes.values())
+            waiting.append(
+                Pending(
+                    a.id,
+                    "all suitable nodes occupied" if any_match else "no nodes matching constraints",
+                )
+            )
+            continue
+        taken.update(n.id for n in chosen)
+        used_nodes[a.spec.tenant] += len(chosen)
+        used_allocs[a.spec.tenant] += 1
+        proposals.append(Proposal(a.id, tuple(n.id for n in chosen)))
+    return proposals, waiting
