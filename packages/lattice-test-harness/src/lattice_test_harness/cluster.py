@@ -1,0 +1,186 @@
+"""Real local clusters for tests: processes on ephemeral loopback ports.
+
+``ClusterHandle`` wraps lattice_cli.devcluster.LocalCluster (the same code behind
+``lattice dev up``) with the small synchronous REST client and wait helpers tests need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lattice_cli.devcluster import LocalCluster
+
+TERMINAL = ("Completed", "Failed", "Cancelled")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+        super().__init__(f"{status}: {err.get('message', body)}")
+        self.status = status
+        self.error = err
+
+
+class ClusterHandle:
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.user = "tester"
+
+    # --- REST ---------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        try:
+            return self.cluster.leader(timeout=10).rest_url
+        except Exception:
+            return self.cluster.rest_url
+
+    def request(self, method: str, path: str, body: Any = None, url: str | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            (url or self.url) + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", "x-lattice-user": self.user},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=15) as r:
+                return json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                parsed = {"error": {"message": raw.decode(errors="replace")}}
+            raise ApiError(e.code, parsed) from None
+
+    def submit(self, entrypoint: str, **spec: Any) -> dict[str, Any]:
+        body = {
+            "entrypoint": entrypoint,
+            "tenant": self.cluster.tenant,
+            "vcluster": self.cluster.vclusters[0],
+            "walltime": "10m",
+            **spec,
+        }
+        return self.request("POST", "/api/v1/allocations", body)
+
+    def get(self, alloc_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/api/v1/allocations/{alloc_id}")
+
+    def allocations(self, **query: str) -> list[dict[str, Any]]:
+        qs = "&".join(f"{k}={v}" for k, v in query.items())
+        return self.request("GET", "/api/v1/allocations?all=true" + ("&" + qs if qs else ""))[
+            "allocations"
+        ]
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/api/v1/nodes")["nodes"]
+
+    def node(self, node_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/api/v1/nodes/{node_id}")
+
+    def cancel(self, alloc_id: str) -> dict[str, Any]:
+        return self.request("DELETE", f"/api/v1/allocations/{alloc_id}")
+
+    def logs(self, alloc_id: str) -> list[str]:
+        return [
+            ln["line"]
+            for ln in self.request("GET", f"/api/v1/allocations/{alloc_id}/logs")["lines"]
+        ]
+
+    # --- waiting ---------------------------------------------------------------------
+
+    def wait_for(
+        self, what: str, fn: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05
+    ) -> Any:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                last = fn()
+            except (ApiError, OSError) as e:
+                last = e
+            else:
+                if last:
+                    return last
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+    def wait_state(
+        self, alloc_id: str, states: str | tuple[str, ...], timeout: float = 20.0
+    ) -> dict[str, Any]:
+        wanted = (states,) if isinstance(states, str) else states
+        return self.wait_for(
+            f"{alloc_id} in {wanted}",
+            lambda: (a := self.get(alloc_id))["state"] in wanted and a,
+            timeout,
+        )
+
+    def states_seen(self, alloc_id: str, timeout: float = 20.0) -> list[str]:
+        """Poll an allocation until it ends; the distinct states in order."""
+        seen: list[str] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.get(alloc_id)["state"]
+            if not seen or seen[-1] != s:
+                seen.append(s)
+            if s in TERMINAL:
+                return seen
+            time.sleep(0.01)
+        raise AssertionError(f"{alloc_id} did not finish within {timeout}s (seen {seen})")
+
+    # --- CLI ----------------------------------------------------------------------------
+
+    def cli_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "LATTICE_ENDPOINT": self.cluster.rest_url,
+                "LATTICE_TENANT": self.cluster.tenant,
+                "LATTICE_VCLUSTER": self.cluster.vclusters[0],
+                "LATTICE_CONFIG": str(self.cluster.base / "cli-config.yaml"),
+                "USER": self.user,
+            }
+        )
+        return env
+
+    def cli(
+        self, *args: str, timeout: float = 60.0, cwd: str | Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "lattice_cli.main", *args],
+            capture_output=True,
+            text=True,
+            env=self.cli_env(),
+            timeout=timeout,
+            cwd=cwd,
+        )
+
+
+def process_group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # zombies count as gone
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
