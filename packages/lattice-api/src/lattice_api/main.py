@@ -8,12 +8,10 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 
 from aiohttp import web
 from lattice_common.config import LatticeConfig, load_config
-from lattice_common.errors import LatticeError
-from lattice_common.logging import setup_logging
+from lattice_common.process import daemon_main
 from lattice_quorum.member import QuorumMember
 
 from lattice_api.auth import Authenticator
@@ -128,15 +126,11 @@ async def serve(
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    setup_logging("lattice-server", args.log_level)
-    try:
-        cfg = load_config(args.config)
-        asyncio.run(serve(cfg, bootstrap=args.bootstrap))
-    except LatticeError as e:
-        print(e.render(), file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        pass
+    daemon_main(
+        "lattice-server",
+        args.log_level,
+        lambda: serve(load_config(args.config), bootstrap=args.bootstrap),
+    )
 
 
 if __name__ == "__main__":

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import os
-import signal
-import sys
 from pathlib import Path
 
 from lattice_common.config import load_config
-from lattice_common.errors import LatticeError
-from lattice_common.logging import setup_logging
+from lattice_common.process import daemon_main, run_until_signal, start_metrics
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,12 +60,7 @@ async def run(args: argparse.Namespace) -> None:
 
     cfg = load_config(args.config)
     na = cfg.node_agent
-    metrics = na.metrics_listen if args.metrics_listen is None else args.metrics_listen
-    if metrics:
-        from prometheus_client import start_http_server
-
-        host, _, port = metrics.rpartition(":")
-        start_http_server(int(port), addr=host or "0.0.0.0")
+    start_metrics(na.metrics_listen if args.metrics_listen is None else args.metrics_listen)
     listen = args.listen or na.grpc_listen
     lhost, _, lport = listen.rpartition(":")
     token = cfg.api.agent_token.get_secret_value() if cfg.api.agent_token else None
@@ -101,25 +91,12 @@ async def run(args: argparse.Namespace) -> None:
         ring_buffer_lines=na.ring_buffer_lines,
         token=token,
     )
-    task = asyncio.create_task(agent.run())
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, task.cancel)
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await run_until_signal(agent.run())
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    setup_logging("lattice-agent", args.log_level)
-    try:
-        asyncio.run(run(args))
-    except LatticeError as e:
-        print(e.render(), file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        pass
+    daemon_main("lattice-agent", args.log_level, lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import os
-import signal
-import sys
 
 from lattice_common.config import load_config
 from lattice_common.errors import LatticeError
-from lattice_common.logging import setup_logging
+from lattice_common.process import daemon_main, run_until_signal, start_metrics
 from lattice_common.rpc import Endpoints, RemoteQuorum
 
 
@@ -49,12 +45,9 @@ async def run(args: argparse.Namespace) -> None:
     interval = args.cycle_interval or cfg.scheduling.cycle_interval_seconds
     if interval <= 0:
         raise LatticeError("--cycle-interval must be greater than zero")
-    metrics = cfg.scheduling.metrics_listen if args.metrics_listen is None else args.metrics_listen
-    if metrics:
-        from prometheus_client import start_http_server
-
-        host, _, port = metrics.rpartition(":")
-        start_http_server(int(port), addr=host or "0.0.0.0")
+    start_metrics(
+        cfg.scheduling.metrics_listen if args.metrics_listen is None else args.metrics_listen
+    )
     vclusters = [v.strip() for arg in args.vcluster for v in arg.split(",") if v.strip()]
     token = cfg.api.agent_token.get_secret_value() if cfg.api.agent_token else None
     sched = Scheduler(
@@ -62,25 +55,12 @@ async def run(args: argparse.Namespace) -> None:
         vclusters,
         cycle_interval=interval,
     )
-    task = asyncio.create_task(sched.run())
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, task.cancel)
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await run_until_signal(sched.run())
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    setup_logging("lattice-scheduler", args.log_level)
-    try:
-        asyncio.run(run(args))
-    except LatticeError as e:
-        print(e.render(), file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        pass
+    daemon_main("lattice-scheduler", args.log_level, lambda: run(args))
 
 
 if __name__ == "__main__":

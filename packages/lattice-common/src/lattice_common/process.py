@@ -1,0 +1,48 @@
+"""What every Lattice daemon does the same way: JSON logs, a metrics endpoint, run
+until SIGINT/SIGTERM, and print typed errors (not tracebacks) on a failed start."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from lattice_common.errors import LatticeError
+from lattice_common.logging import setup_logging
+
+
+def start_metrics(listen: str) -> None:
+    """Serve Prometheus /metrics on ``host:port``; an empty value disables it."""
+    if not listen:
+        return
+    from prometheus_client import start_http_server
+
+    host, _, port = listen.rpartition(":")
+    start_http_server(int(port), addr=host or "0.0.0.0")
+
+
+async def run_until_signal(coro: Coroutine[Any, Any, None]) -> None:
+    """Run ``coro`` until it ends or the process gets SIGINT/SIGTERM (then cancel it)."""
+    task = asyncio.ensure_future(coro)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def daemon_main(
+    component: str, log_level: str, run: Callable[[], Coroutine[Any, Any, None]]
+) -> None:
+    setup_logging(component, log_level)
+    try:
+        asyncio.run(run())
+    except LatticeError as e:
+        print(e.render(), file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        pass
