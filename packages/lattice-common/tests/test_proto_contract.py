@@ -119,6 +119,7 @@ def _node() -> types.Node:
         owner_vcluster="ml-training",
         home_vcluster="hpc-batch",
         disabled=True,
+        drain_requested=True,
         state_reason="maintenance",
         registered_at=1_699_000_000.0,
         revision=99,

@@ -112,6 +112,7 @@ class NodeMonitor:
                     state=AllocationState.COMPLETED if ok else AllocationState.FAILED,
                     reason=r.reason or ("" if ok else f"exit_code_{r.exit_code}"),
                     exit_code=r.exit_code,
+                    started_at=r.started_at,
                     finished_at=r.finished_at,
                     now=time.time(),
                 )

@@ -17,7 +17,10 @@ ALLOCATION_TRANSITIONS: dict[A, frozenset[A]] = {
     A.RUNNING: frozenset(
         {A.COMPLETED, A.FAILED, A.CANCELLED, A.CHECKPOINTING, A.SUSPENDED, A.PENDING}
     ),
-    A.CHECKPOINTING: frozenset({A.SUSPENDED, A.RUNNING, A.FAILED, A.CANCELLED, A.COMPLETED}),
+    # Checkpointing -> Pending: the node failed mid-checkpoint; requeue per policy.
+    A.CHECKPOINTING: frozenset(
+        {A.SUSPENDED, A.RUNNING, A.FAILED, A.CANCELLED, A.COMPLETED, A.PENDING}
+    ),
     A.SUSPENDED: frozenset({A.PENDING, A.CANCELLED, A.FAILED}),
     A.COMPLETED: frozenset(),
     A.FAILED: frozenset(),

@@ -96,7 +96,7 @@ class CostWeights(msgspec.Struct, kw_only=True):
     conformance: float = 0.10
 
 
-class Constraints(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Constraints(msgspec.Struct, kw_only=True):
     gpu_type: str = ""
     gpu_count: int = 0
     features: list[str] = msgspec.field(default_factory=list)
@@ -104,7 +104,7 @@ class Constraints(msgspec.Struct, kw_only=True, omit_defaults=True):
     topology: str = ""  # "tight" | "any" | ""
 
 
-class AllocationSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
+class AllocationSpec(msgspec.Struct, kw_only=True):
     """What a user asks for. Validated by the API before anything is stored."""
 
     entrypoint: str
@@ -146,7 +146,7 @@ class Allocation(msgspec.Struct, kw_only=True):
         return self.state in TERMINAL_STATES
 
 
-class NodeCapabilities(msgspec.Struct, kw_only=True, omit_defaults=True):
+class NodeCapabilities(msgspec.Struct, kw_only=True):
     cpu_cores: int = 0
     memory_gb: int = 0
     gpu_type: str = ""
@@ -167,6 +167,7 @@ class Node(msgspec.Struct, kw_only=True):
     owner_vcluster: str = ""
     home_vcluster: str = ""
     disabled: bool = False
+    drain_requested: bool = False  # operator drain, kept across Down and re-registration
     state_reason: str = ""
     registered_at: float = 0.0
     revision: int = 0

@@ -26,6 +26,7 @@ from lattice_common.types import (
     HOLDING_STATES,
     Allocation,
     AllocationState,
+    CostWeights,
     Node,
     NodeState,
     RequeuePolicy,
@@ -37,6 +38,7 @@ from lattice_common.types import (
 class GlobalState(msgspec.Struct, kw_only=True):
     revision: int = 0
     alloc_seq: int = 0
+    id_salt: int = 0  # set from the first submission's timestamp: ids differ per cluster
     nodes: dict[str, Node] = msgspec.field(default_factory=dict)
     allocations: dict[str, Allocation] = msgspec.field(default_factory=dict)
     tenants: dict[str, Tenant] = msgspec.field(default_factory=dict)
@@ -58,19 +60,17 @@ class Changes(msgspec.Struct, kw_only=True):
         return bool(self.allocations or self.nodes or self.tenants or self.vclusters)
 
 
-def allocation_id_for(seq: int) -> str:
-    """Short, unique, deterministic id (a bijection of the sequence number on 32 bits)."""
-    return f"{(seq * 0x9E3779B1 + 0x7F4A7C15) & 0xFFFFFFFF:08x}"
+def allocation_id_for(seq: int, salt: int = 0) -> str:
+    """Short, unique, deterministic id: a bijection of (sequence + salt) on 32 bits."""
+    return f"{((seq + salt) * 0x9E3779B1 + 0x7F4A7C15) & 0xFFFFFFFF:08x}"
 
 
 def apply(state: GlobalState, cmd: c.Command, changes: Changes | None = None) -> c.CommandResult:
     """Apply one command. Returns a CommandResult; never raises for a rejected command."""
     changes = changes if changes is not None else Changes()
     if isinstance(cmd, c.Batch):
-        return c.CommandResult(
-            revision=state.revision,
-            results=[apply(state, sub, changes) for sub in cmd.commands],
-        )
+        results = [apply(state, sub, changes) for sub in cmd.commands]
+        return c.CommandResult(revision=state.revision, results=results)
     handler = _HANDLERS.get(type(cmd))
     if handler is None:
         return _err(state, ValidationError(f"unknown command {type(cmd).__name__}"))
@@ -143,7 +143,8 @@ def _register_node(state: GlobalState, cmd: c.RegisterNode, ch: Changes) -> c.Co
     if n.state in (NodeState.UNKNOWN, NodeState.BOOTING, NodeState.DEGRADED) or (
         n.state == NodeState.DOWN and not n.disabled
     ):
-        n.state = NodeState.READY
+        # an operator's drain survives the node going down and coming back
+        n.state = NodeState.DRAINED if n.drain_requested else NodeState.READY
         n.state_reason = ""
     _touch_node(state, n, ch)
     return c.CommandResult(revision=state.revision, node=n)
@@ -196,6 +197,7 @@ def _drain_node(state: GlobalState, cmd: c.DrainNode, ch: Changes) -> c.CommandR
     target = NodeState.DRAINING if n.owner else NodeState.DRAINED
     check_node_transition(n.id, n.state, target)
     _bump(state)
+    n.drain_requested = True
     n.state = target
     n.state_reason = cmd.reason
     _touch_node(state, n, ch)
@@ -213,6 +215,7 @@ def _undrain_node(state: GlobalState, cmd: c.UndrainNode, ch: Changes) -> c.Comm
             else "Only a drained node can be undrained.",
         )
     _bump(state)
+    n.drain_requested = False
     n.state = NodeState.READY
     n.state_reason = ""
     _touch_node(state, n, ch)
@@ -263,11 +266,13 @@ def _submit(state: GlobalState, cmd: c.SubmitAllocation, ch: Changes) -> c.Comma
             hint="Pick one of the available vClusters with --vcluster.",
         )
     _bump(state)
+    if state.alloc_seq == 0 and not state.id_salt:
+        state.id_salt = int(cmd.now * 1_000_003) & 0xFFFFFFFF
     state.alloc_seq += 1
-    alloc_id = allocation_id_for(state.alloc_seq)
+    alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
     while alloc_id in state.allocations:  # only after 2**32 submissions
         state.alloc_seq += 1
-        alloc_id = allocation_id_for(state.alloc_seq)
+        alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
     a = Allocation(id=alloc_id, spec=spec, submitted_at=cmd.now)
     state.allocations[alloc_id] = a
     if spec.request_id:
@@ -306,6 +311,11 @@ def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandRes
         )
     nodes = [_node(state, nid) for nid in cmd.node_ids]
     for n in nodes:
+        if cmd.expected_revision and n.revision > cmd.expected_revision:
+            raise StaleRevision(
+                f"node {n.id} changed since revision {cmd.expected_revision}",
+                details={"expected_revision": cmd.expected_revision, "current": n.revision},
+            )
         if n.owner:
             raise OwnershipConflict(
                 f"node {n.id} is already owned by allocation {n.owner}",
@@ -410,20 +420,29 @@ def _update_state(state: GlobalState, cmd: c.UpdateAllocationState, ch: Changes)
     if cmd.state in (AllocationState.COMPLETED, AllocationState.FAILED, AllocationState.CANCELLED):
         if (
             cmd.state == AllocationState.FAILED
+            and a.state in HOLDING_STATES
             and a.spec.requeue_policy == RequeuePolicy.ALWAYS
             and a.requeue_count < a.spec.max_requeue
         ):
             _requeue(state, a, cmd.reason or "failed", ch)
         else:
             _finish(state, a, cmd.state, cmd.now, cmd.reason, cmd.exit_code, ch, cmd.finished_at)
+            if cmd.started_at is not None:  # when the process really started
+                a.started_at = cmd.started_at
         return c.CommandResult(revision=state.revision, allocation=a)
+    if a.state == AllocationState.PENDING and cmd.state in HOLDING_STATES:
+        raise InvalidTransition(
+            f"allocation {a.id} is Pending; only a node assignment can start it",
+            details={"allocation": a.id, "from": a.state.value, "to": cmd.state.value},
+            hint="The scheduler starts pending allocations by assigning nodes.",
+        )
     check_transition(a.id, a.state, cmd.state)
     _bump(state)
     a.state = cmd.state
     a.reason = cmd.reason
     if cmd.started_at is not None:
         a.started_at = cmd.started_at
-    if cmd.state == AllocationState.PENDING:
+    if cmd.state not in HOLDING_STATES:  # Pending (requeue) or Suspended: nodes go back
         _release_nodes(state, a, ch)
         a.assigned_nodes = []
     _touch_alloc(state, a, ch)
@@ -500,8 +519,10 @@ def _update_tenant(state: GlobalState, cmd: c.UpdateTenant, ch: Changes) -> c.Co
     unknown = set(cmd.fields) - _TENANT_FIELDS
     if unknown:
         raise ValidationError(f"unknown tenant fields: {', '.join(sorted(unknown))}")
-    merged = msgspec.structs.replace(t, **cmd.fields)
-    merged = msgspec.convert(msgspec.to_builtins(merged), Tenant)  # type-check the update
+    try:
+        merged = msgspec.convert({**msgspec.to_builtins(t), **cmd.fields}, Tenant)
+    except msgspec.ValidationError as e:
+        raise ValidationError(f"invalid tenant update: {e}") from None
     _bump(state)
     merged.revision = state.revision
     state.tenants[t.name] = merged
@@ -533,6 +554,12 @@ def _update_vcluster(state: GlobalState, cmd: c.UpdateVCluster, ch: Changes) -> 
     data = msgspec.to_builtins(v)
     for k, val in cmd.fields.items():
         if k == "weights" and isinstance(val, dict):
+            bad = set(val) - set(CostWeights.__struct_fields__)
+            if bad:
+                raise ValidationError(
+                    f"unknown cost weights: {', '.join(sorted(bad))}",
+                    details={"available": ", ".join(CostWeights.__struct_fields__)},
+                )
             data["weights"] = {**data["weights"], **val}
         else:
             data[k] = val

@@ -2334,6 +2334,11 @@ class Node(betterproto2.Message):
     GlobalState revision of the last change
     """
 
+    drain_requested: "bool" = betterproto2.field(16, betterproto2.TYPE_BOOL)
+    """
+    an operator drain, kept across Down and re-registration
+    """
+
 
 default_message_pool.register_message("lattice.v1", "Node", Node)
 
