@@ -1,0 +1,557 @@
+"""The ``lattice`` commands end to end against a fake REST API, and the real console script.
+
+In-process runs use typer's CliRunner; the subprocess tests run the installed entry point
+(the way users do) for help output, exit codes and the connection-refused message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from lattice_cli.main import app
+from typer.testing import CliRunner
+
+
+def run(*args: str, input: str | None = None):
+    return CliRunner().invoke(app, list(args), input=input, catch_exceptions=False)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- submit
+
+
+def test_submit_script_with_directives_and_overrides(fake_api, tmp_path, monkeypatch):
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        "#SBATCH --nodes=4\n"
+        "#SBATCH --time=24:00:00\n"
+        "#SBATCH --job-name=from-script\n"
+        "#SBATCH --account=physics\n"
+        "#SBATCH --partition=gpu\n"
+        "#SBATCH --gres=gpu:4\n"
+        "#SBATCH --mail-user=me@example.com\n"
+        "#LATTICE --uenv=prgenv-gnu/24.11:v1\n"
+        "srun python train.py\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    result = run(
+        "submit",
+        "--nodes=8",
+        "-C",
+        "gpu_type=GH200",
+        "--env",
+        "A=1",
+        "train.sh",
+        "--",
+        "--epochs",
+        "3",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == "Submitted allocation 00000001"
+    assert "warning:" in result.stderr and "--mail-user" in result.stderr
+    body = fake_api.last("POST")["json"]
+    assert body["entrypoint"] == f"/bin/bash {script} --epochs 3"
+    assert body["nodes"] == 8  # flag beats #SBATCH --nodes=4
+    assert body["walltime"] == "24:00:00"
+    assert body["name"] == "from-script"
+    assert body["tenant"] == "physics"
+    assert body["vcluster"] == "gpu"
+    assert body["constraints"] == {"gpu_count": 4, "gpu_type": "GH200"}
+    assert body["env"] == {"A": "1"}
+    assert body["uenv"] == "prgenv-gnu/24.11:v1"
+    assert body["submit_dir"] == str(tmp_path)
+    assert len(body["request_id"]) == 32
+    assert fake_api.last("POST")["headers"]["x-lattice-user"] == "alice"
+
+
+def test_submit_command_after_dashdash(fake_api, monkeypatch):
+    monkeypatch.setenv("LATTICE_TENANT", "ml-team")
+    monkeypatch.setenv("LATTICE_VCLUSTER", "ml-training")
+    result = run("submit", "-N", "2", "-t", "72h", "--", "torchrun", "train.py", "--lr", "0.1")
+    assert result.exit_code == 0, result.stderr
+    body = fake_api.last("POST")["json"]
+    assert body["entrypoint"] == "torchrun train.py --lr 0.1"
+    assert body["name"] == "torchrun"
+    assert (body["tenant"], body["vcluster"]) == ("ml-team", "ml-training")
+    assert fake_api.last("POST")["headers"]["x-lattice-tenant"] == "ml-team"
+
+
+def test_global_flags_beat_directives_and_env(fake_api, tmp_path, monkeypatch):
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#SBATCH --account=from-script\n#SBATCH -p from-script\n#SBATCH -t 10\nhostname\n"
+    )
+    monkeypatch.setenv("LATTICE_TENANT", "from-env")
+    assert run("submit", str(script)).exit_code == 0
+    body = fake_api.last("POST")["json"]
+    assert (body["tenant"], body["vcluster"]) == ("from-script", "from-script")
+    assert (
+        run("-t", "global", "--vcluster", "gvc", "submit", "-D", "sub", str(script)).exit_code == 0
+    )
+    body = fake_api.last("POST")["json"]
+    assert (body["tenant"], body["vcluster"]) == ("global", "gvc")
+    assert body["submit_dir"] == os.path.abspath("sub")
+    assert run("-t", "global", "submit", "--tenant", "local", str(script)).exit_code == 0
+    assert fake_api.last("POST")["json"]["tenant"] == "local"
+
+
+def test_submit_quiet_json_and_dry_run(fake_api):
+    quiet = run("-q", "submit", "-t", "1h", "--", "hostname")
+    assert quiet.stdout.strip() == "00000001"
+    as_json = run("submit", "-o", "json", "-t", "1h", "--", "hostname")
+    data = json.loads(as_json.stdout)
+    assert data["id"] == "00000002" and data["state"] == "Pending"
+    posts = len([r for r in fake_api.requests if r["method"] == "POST"])
+    dry = run("submit", "--dry-run", "-t", "1h", "--requeue", "always", "--", "echo", "hi there")
+    assert dry.exit_code == 0
+    spec = json.loads(dry.stdout)
+    assert spec["entrypoint"] == "echo 'hi there'" and spec["requeue_policy"] == "always"
+    assert len([r for r in fake_api.requests if r["method"] == "POST"]) == posts
+
+
+def test_submit_server_validation_error(fake_api):
+    result = run("submit", "--", "hostname")
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        "Error: walltime is required for a bounded (batch) allocation",
+        "Hint: Pass --walltime, e.g. --walltime=2h or --walltime=01:30:00.",
+    ]
+    assert "Traceback" not in result.output
+
+
+def test_submit_usage_errors(fake_api, tmp_path):
+    missing = run("submit", str(tmp_path / "nope.sh"))
+    assert missing.exit_code == 2
+    assert missing.stderr.startswith("Error: script")
+    assert "Hint:" in missing.stderr and "--" in missing.stderr
+    nothing = run("submit")
+    assert nothing.exit_code == 2 and "nothing to submit" in nothing.stderr
+    bad = run("submit", "-C", "colour=red", "--", "x")
+    assert bad.exit_code == 2 and "unknown constraint" in bad.stderr
+    bad_env = run("submit", "--env", "NOEQUALS", "--", "x")
+    assert bad_env.exit_code == 2 and "KEY=VALUE" in bad_env.stderr
+    script = tmp_path / "bad.sh"
+    script.write_text("#LATTICE --nodes=zero\necho\n")
+    directive = run("submit", str(script))
+    assert directive.exit_code == 2 and "line 1" in directive.stderr
+    binary = tmp_path / "a.out"
+    binary.write_bytes(b"\x7fELF\0\0\0")
+    assert run("submit", str(binary)).exit_code == 2
+    assert not [r for r in fake_api.requests if r["method"] == "POST"]
+
+
+# --------------------------------------------------------------------------- status
+
+
+def test_status_table(fake_api):
+    fake_api.add_allocation("a1b2c3d4")
+    fake_api.add_allocation("e5f6a7b8", state="Pending", started_at=None, spec={"name": "eval"})
+    result = run("status")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["ID", "NAME", "STATE", "NODES", "WALLTIME", "ELAPSED", "VCLUSTER"]
+    assert lines[1].split()[:5] == ["a1b2c3d4", "train.sh", "Running", "4", "24:00:00"]
+    assert lines[2].split()[2] == "Pending" and lines[2].split()[5] == "—"
+    assert fake_api.last()["query"] == {}
+
+
+def test_status_filters_and_formats(fake_api):
+    fake_api.add_allocation("a1")
+    result = run("status", "--state", "running", "--all", "--user", "bob", "--limit", "3")
+    assert result.exit_code == 0
+    assert fake_api.last()["query"] == {
+        "state": "running",
+        "all": "true",
+        "user": "bob",
+        "limit": "3",
+    }
+    as_json = json.loads(run("-o", "json", "status").stdout)
+    assert [a["id"] for a in as_json] == ["a1"]
+    as_yaml = yaml.safe_load(run("status", "-o", "yaml").stdout)
+    assert as_yaml[0]["spec"]["vcluster"] == "gpu-batch"
+    wide = run("status", "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[-6:] == ["TENANT", "PROJECT", "UENV", "GPU_TYPE", "NODELIST", "REASON"]
+    assert "nid[001-002]" in wide[1]
+    assert run("-q", "status").stdout.split() == ["a1"]
+
+
+def test_status_single_detail(fake_api):
+    fake_api.add_allocation(
+        "a1",
+        state="Failed",
+        exit_code=1,
+        reason="node_failure",
+        requeue_count=3,
+        finished_at=time.time(),
+    )
+    result = run("status", "a1")
+    assert result.exit_code == 0
+    fields = {
+        k.strip(): v.strip() for k, v in (line.split(":", 1) for line in result.stdout.splitlines())
+    }
+    assert fields["State"] == "Failed"
+    assert fields["Reason"] == "node_failure"
+    assert fields["Exit code"] == "1"
+    assert fields["Requeue count"] == "3"
+    assert fields["Assigned nodes"] == "nid[001-002]"
+
+
+def test_status_not_found(fake_api):
+    result = run("status", "nope")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "Error: allocation nope not found",
+        "Hint: List your allocations with `lattice status`.",
+    ]
+
+
+def test_status_watch_single_stops_when_terminal(fake_api):
+    fake_api.add_allocation("a1", state="Completed", exit_code=0, finished_at=time.time())
+    result = run("status", "a1", "--watch", "--interval", "0.2")
+    assert result.exit_code == 0
+    assert "Completed" in result.stdout
+
+
+def test_status_watch_list_until_ctrl_c(fake_api, tmp_path):
+    import signal
+
+    fake_api.add_allocation("a1")
+    proc = subprocess.Popen(
+        [*_lattice(), "status", "--watch", "--interval", "0.2", "-o", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(tmp_path, LATTICE_ENDPOINT=fake_api.url),
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(fake_api.requests) < 3:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    snapshots = [json.loads(line) for line in out.splitlines()]
+    assert len(snapshots) >= 2
+    assert all(s[0]["id"] == "a1" for s in snapshots)
+    assert "Traceback" not in err
+
+
+def test_option_conversion_errors_are_usage_errors(fake_api):
+    assert run("status", "--limit", "0").exit_code == 2
+    assert run("status", "--limit", "many").exit_code == 2
+    assert run("status", "-o", "fancy").exit_code == 2
+    assert run("status", "--interval", "abc").exit_code == 2
+    assert run("status", "-o", "JSON").exit_code == 0  # case-insensitive choice
+    assert run("submit", "--preemption-class", "11", "--", "x").exit_code == 2
+    assert all(r["method"] == "GET" for r in fake_api.requests)
+
+
+# --------------------------------------------------------------------------- cancel, logs
+
+
+def test_cancel_many_with_one_failure(fake_api):
+    fake_api.add_allocation("a1")
+    fake_api.add_allocation("a2", state="Completed")
+    result = run("cancel", "a1", "a2", "a3")
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == ["Cancelled allocation a1"]
+    assert "Error: allocation a2 is already Completed" in result.stderr
+    assert "Error: allocation a3 not found" in result.stderr
+    assert fake_api.allocations["a1"]["state"] == "Cancelled"
+    assert run("cancel", "a1").exit_code == 1
+    fake_api.add_allocation("a4")
+    assert run("cancel", "a4").exit_code == 0
+
+
+def test_logs(fake_api):
+    fake_api.add_allocation("a1", assigned_nodes=["n1"], spec={"nodes": 1})
+    fake_api.logs = [
+        {
+            "allocation_id": "a1",
+            "node_id": "n1",
+            "stream": "stdout",
+            "line": "Epoch 1/100",
+            "timestamp": 1772704812.0,
+        },
+        {
+            "allocation_id": "a1",
+            "node_id": "n1",
+            "stream": "stderr",
+            "line": "warn",
+            "timestamp": 1772704813.0,
+        },
+    ]
+    result = run("logs", "a1")
+    assert result.exit_code == 0
+    assert result.stdout == "[2026-03-05T10:00:12Z] Epoch 1/100\n"
+    assert result.stderr == "[2026-03-05T10:00:13Z] warn\n"
+    run("logs", "a1", "--tail", "1", "--stderr")
+    assert fake_api.last()["query"] == {"tail": "1", "stream": "stderr"}
+    followed = run("logs", "a1", "-f", "--no-timestamps")
+    assert followed.exit_code == 0
+    assert followed.stdout == "Epoch 1/100\n"
+    assert fake_api.last()["path"] == "/api/v1/allocations/a1/logs/stream"
+    as_json = run("logs", "a1", "-o", "json").stdout.splitlines()
+    assert [json.loads(x)["line"] for x in as_json] == ["Epoch 1/100", "warn"]
+    assert run("logs", "missing").exit_code == 1
+
+
+# --------------------------------------------------------------------------- nodes, admin
+
+
+def test_nodes_and_node_actions(fake_api):
+    fake_api.nodes["x1000c0s0b0n0"] = {
+        "id": "x1000c0s0b0n0",
+        "state": "Ready",
+        "capabilities": {"gpu_type": "GH200", "gpu_count": 4},
+        "group": 3,
+        "conformance_group": "a1b2c3",
+        "owner_vcluster": "hpc-batch",
+        "owner_tenant": "physics",
+    }
+    table = run("nodes").stdout.splitlines()
+    assert table[0].split() == [
+        "NODE",
+        "STATE",
+        "GPUS",
+        "VCLUSTER",
+        "TENANT",
+        "GROUP",
+        "CONFORMANCE",
+    ]
+    assert table[1].split() == [
+        "x1000c0s0b0n0",
+        "Ready",
+        "4×GH200",
+        "hpc-batch",
+        "physics",
+        "3",
+        "a1b2c3",
+    ]
+    run("nodes", "--state", "ready")
+    assert fake_api.last()["query"] == {"state": "ready"}
+    assert "4×GH200" in run("nodes", "x1000c0s0b0n0").stdout
+    drained = run("node", "drain", "x1000c0s0b0n0", "--reason", "maintenance")
+    assert drained.stdout.strip() == "Node x1000c0s0b0n0 is now Draining"
+    assert fake_api.last()["json"] == {"reason": "maintenance"}
+    refused = run("node", "disable", "x1000c0s0b0n0", input="n\n")
+    assert refused.exit_code == 1
+    assert fake_api.last()["path"].endswith("/drain")
+    assert run("node", "disable", "x1000c0s0b0n0", "--yes").exit_code == 0
+    assert fake_api.nodes["x1000c0s0b0n0"]["disabled"] is True
+    assert run("node", "undrain", "nope").exit_code == 1
+
+
+def test_admin_commands(fake_api):
+    created = run("admin", "tenant", "create", "--name", "physics", "--max-nodes", "200")
+    assert created.exit_code == 0 and "Created tenant physics" in created.stdout
+    assert fake_api.last("POST")["json"] == {"name": "physics", "max_nodes": 200}
+    run("admin", "tenant", "update", "physics", "--max-nodes", "250", "--fair-share-target", "0.3")
+    assert fake_api.last("PATCH")["json"] == {"max_nodes": 250, "fair_share_target": 0.3}
+    run("admin", "tenant", "set-quota", "--name", "physics", "--max-concurrent-allocations", "9")
+    assert fake_api.last("PATCH")["json"] == {"max_concurrent_allocations": 9}
+    assert run("admin", "tenant", "update", "physics").exit_code == 2
+    tenants = run("admin", "tenant", "list").stdout.splitlines()
+    assert tenants[1].split()[:3] == ["physics", "250", "9"]
+    dup = run("admin", "tenant", "create", "--name", "physics")
+    assert dup.exit_code == 1 and "already exists" in dup.stderr
+
+    vc = run(
+        "admin",
+        "vcluster",
+        "create",
+        "--name",
+        "hpc-batch",
+        "--scheduler",
+        "hpc-backfill",
+        "--tenant",
+        "physics",
+    )
+    assert vc.exit_code == 0
+    assert fake_api.last("POST")["json"] == {
+        "name": "hpc-batch",
+        "scheduler_type": "hpc-backfill",
+        "tenant": "physics",
+    }
+    assert run("admin", "vcluster", "create", "--name", "x", "--scheduler", "magic").exit_code == 2
+    assert run("admin", "vcluster", "list").stdout.splitlines()[1].split()[:3] == [
+        "hpc-batch",
+        "hpc-backfill",
+        "physics",
+    ]
+    run(
+        "admin",
+        "vcluster",
+        "set-weights",
+        "--name",
+        "hpc-batch",
+        "-w",
+        "priority=0.3",
+        "-w",
+        "energy=0.1",
+    )
+    assert fake_api.last("PATCH")["json"] == {"weights": {"priority": 0.3, "energy": 0.1}}
+    assert (
+        run("admin", "vcluster", "set-weights", "--name", "hpc-batch", "-w", "luck=1").exit_code
+        == 2
+    )
+
+    raft = run("admin", "raft", "status")
+    assert raft.exit_code == 0 and "Commit index" in raft.stdout
+    assert json.loads(run("admin", "raft", "status", "-o", "json").stdout)["term"] == 2
+
+
+def test_endpoint_flag_beats_env(fake_api, monkeypatch):
+    monkeypatch.setenv("LATTICE_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    assert run("status").exit_code == 1
+    assert run("--endpoint", fake_api.url, "status").exit_code == 0
+
+
+def test_config_file_and_token(fake_api, clean_env, monkeypatch):
+    config = clean_env / "cfg.yaml"
+    config.write_text(f"endpoint: {fake_api.url}\ntenant: physics\ntoken: s3cret\n")
+    monkeypatch.delenv("LATTICE_ENDPOINT")
+    result = run("--config", str(config), "status")
+    assert result.exit_code == 0, result.stderr
+    headers = fake_api.last()["headers"]
+    assert headers["Authorization"] == "Bearer s3cret"
+    assert headers["x-lattice-tenant"] == "physics"
+    monkeypatch.setenv("LATTICE_CONFIG", str(config))
+    assert run("-t", "other", "status").exit_code == 0
+    assert fake_api.last()["headers"]["x-lattice-tenant"] == "other"
+
+
+def test_bad_config_is_a_clean_error(clean_env):
+    config = clean_env / "cfg.yaml"
+    config.write_text("endpoint: [oops\n")
+    result = run("--config", str(config), "status")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: config file")
+    missing = run("--config", str(clean_env / "missing.yaml"), "status")
+    assert missing.exit_code == 1 and "does not exist" in missing.stderr
+
+
+def test_version_and_help(clean_env):
+    assert run("--version").stdout.strip() == "lattice 0.1.0"
+    for args in (
+        ["--help"],
+        ["submit", "--help"],
+        ["admin", "tenant", "create", "--help"],
+        ["node", "--help"],
+    ):
+        assert run(*args).exit_code == 0
+
+
+def test_every_command_and_option_has_help():
+    from typer.main import get_command
+
+    root = get_command(app)
+
+    def walk(cmd, path):
+        assert cmd.help or cmd.short_help, f"{path} has no help"
+        for param in cmd.params:
+            if param.param_type_name == "option":
+                assert param.help, f"{path} {param.opts} has no help"
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    walk(root, "lattice")
+
+
+# --------------------------------------------------------------------------- real process
+
+
+def _lattice() -> list[str]:
+    exe = shutil.which("lattice", path=os.path.dirname(sys.executable))
+    return [exe] if exe else [sys.executable, "-m", "lattice_cli.main"]
+
+
+def _env(tmp_path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LATTICE_")}
+    env.update(HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path / "xdg"), **extra)
+    return env
+
+
+def test_console_script_help(tmp_path):
+    for args in (["--help"], ["submit", "--help"]):
+        proc = subprocess.run(
+            [*_lattice(), *args], capture_output=True, text=True, env=_env(tmp_path), timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "Usage" in proc.stdout
+    proc = subprocess.run(
+        [*_lattice(), "submit", "--help"],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        timeout=60,
+    )
+    for option in ("--nodes", "--walltime", "--constraint", "--env", "--requeue", "--uenv"):
+        assert option in proc.stdout
+
+
+def test_console_script_status_connection_refused(tmp_path):
+    port = closed_port()
+    proc = subprocess.run(
+        [*_lattice(), "status"],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path, LATTICE_ENDPOINT=f"127.0.0.1:{port}"),
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.startswith(f"Error: cannot reach the Lattice API at http://127.0.0.1:{port}")
+    assert "Start a local cluster with `lattice dev up` or set LATTICE_ENDPOINT" in proc.stderr
+    assert "Endpoint from: env:LATTICE_ENDPOINT" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_status_does_not_import_heavy_modules(tmp_path):
+    """Start-time guard: `lattice status` must not pull in pydantic, aiohttp, rich or yaml."""
+    code = (
+        "import sys\n"
+        "from lattice_cli.main import main\n"
+        "try:\n"
+        "    main(['status'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = [m for m in ('pydantic', 'aiohttp', 'rich', 'yaml', 'lattice_common') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path, LATTICE_ENDPOINT=f"127.0.0.1:{closed_port()}"),
+        timeout=60,
+    )
+    assert proc.stdout.strip() == "", proc.stdout + proc.stderr
+
+
+def test_dev_subcommand_is_registered_lazily():
+    from lattice_cli import main as m
+
+    assert m._command_word(["-o", "json", "status", "x"]) == "status"
+    assert m._command_word(["--endpoint", "h:1", "dev", "up"]) == "dev"
+    assert m._command_word(["--help"]) is None
+    m.register_dev(["dev", "--help"])
+    try:
+        import lattice_cli.dev  # noqa: F401
+    except ModuleNotFoundError:
+        pytest.skip("lattice_cli.dev is not there")
+    assert m._dev_registered

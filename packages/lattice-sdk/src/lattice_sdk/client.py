@@ -1,0 +1,444 @@
+"""``LatticeClient``: the async client of the Lattice REST API.
+
+One method per endpoint of the REST contract (``/api/v1/...``); every method returns the
+records of :mod:`lattice_sdk.models` and raises the typed errors of
+:mod:`lattice_sdk.errors`. Streaming endpoints (``watch``, ``stream_logs``) are
+newline-delimited JSON read as async iterators.
+
+No HTTP library is imported until the client opens (see :mod:`lattice_sdk._transport`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from lattice_sdk import __version__
+from lattice_sdk.errors import LatticeError, error_from_response
+from lattice_sdk.models import (
+    Allocation,
+    AllocationEvent,
+    AllocationSpec,
+    LogLine,
+    Node,
+    Tenant,
+    VCluster,
+)
+
+API = "/api/v1"
+
+
+def _current_user() -> str:
+    user = os.environ.get("USER") or os.environ.get("LOGNAME")
+    if user:
+        return user
+    try:
+        import getpass
+
+        return getpass.getuser()
+    except Exception:  # no passwd entry in a container
+        return ""
+
+
+def _seg(value: str) -> str:
+    """One URL path segment (ids may contain anything a user typed)."""
+    return quote(str(value), safe="")
+
+
+def _query(params: dict[str, Any] | None) -> str:
+    if not params:
+        return ""
+    clean = {}
+    for key, value in params.items():
+        if value is None or value == "" or value is False:
+            continue
+        clean[key] = "true" if value is True else value
+    return "?" + urlencode(clean) if clean else ""
+
+
+class LatticeClient:
+    """Async client of the Lattice REST API.
+
+    ::
+
+        async with LatticeClient("127.0.0.1", 8080, token=...) as client:
+            alloc = await client.submit(AllocationSpec(entrypoint="python train.py", nodes=4))
+
+    ``headers`` are sent with every request (for example ``{"x-lattice-tenant": "physics"}``).
+    ``x-lattice-user`` is always sent (``user`` or ``$USER``); the server honours it only in
+    dev mode without authentication. ``transport`` is ``"aiohttp"`` (pooled, default) or
+    ``"asyncio"`` (standard library only, one connection per request; what the CLI uses).
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        token: str | None = None,
+        headers: dict[str, str] | None = None,
+        scheme: str = "http",
+        timeout: float | None = 30,
+        *,
+        user: str | None = None,
+        transport: str = "aiohttp",
+        ssl_context: Any = None,
+    ) -> None:
+        if scheme not in ("http", "https"):
+            raise ValueError(f"scheme must be http or https, not {scheme!r}")
+        if transport not in ("aiohttp", "asyncio"):
+            raise ValueError(f"transport must be 'aiohttp' or 'asyncio', not {transport!r}")
+        self.host = host.strip("[]")
+        self.port = int(port)
+        self.scheme = scheme
+        self.timeout = timeout
+        self.token = token or None
+        self.transport_name = transport
+        self.ssl_context = ssl_context
+        self.headers: dict[str, str] = {
+            "Accept": "application/json",
+            "User-Agent": f"lattice-sdk/{__version__}",
+            "x-lattice-user": user if user is not None else _current_user(),
+        }
+        if self.token:
+            self.headers["Authorization"] = f"Bearer {self.token}"
+        for key, value in (headers or {}).items():
+            if value is not None:
+                self.headers[key] = str(value)
+        self._transport: Any = None
+        self._streams: set[Any] = set()
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> LatticeClient:
+        """``LatticeClient.from_url("http://127.0.0.1:8080", token=...)``."""
+        from urllib.parse import urlsplit
+
+        if "://" not in url:
+            url = "http://" + url
+        parts = urlsplit(url)
+        scheme = parts.scheme or "http"
+        port = parts.port or (443 if scheme == "https" else 8080)
+        return cls(parts.hostname or "127.0.0.1", port, scheme=scheme, **kwargs)
+
+    @property
+    def endpoint(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> LatticeClient:
+        self._ensure_transport()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _ensure_transport(self) -> Any:
+        if self._transport is None:
+            from lattice_sdk._transport import TRANSPORTS
+
+            cls = TRANSPORTS[self.transport_name]
+            self._transport = cls(
+                self.scheme, self.host, self.port, self.headers, self.timeout, self.ssl_context
+            )
+        return self._transport
+
+    async def close(self) -> None:
+        """Close open streams and the connection pool. Safe to call twice."""
+        for stream in list(self._streams):
+            await stream.close()
+        self._streams.clear()
+        if self._transport is not None:
+            transport, self._transport = self._transport, None
+            await transport.close()
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: dict[str, Any] | None = None,
+        prefix: str = API,
+    ) -> Any:
+        transport = self._ensure_transport()
+        target = prefix + path + _query(params)
+        data = json.dumps(body).encode() if body is not None else None
+        resp = await transport.request(method, target, data)
+        if not 200 <= resp.status < 300:
+            raise error_from_response(
+                resp.status, resp.reason, resp.body, method=method, url=self.endpoint + target
+            )
+        if not resp.body.strip():
+            return {}
+        try:
+            return json.loads(resp.body)
+        except ValueError as exc:
+            raise LatticeError(
+                f"the server sent a response that is not JSON ({method} {target})",
+                status_code=resp.status,
+                code="bad_response",
+            ) from exc
+
+    async def _ndjson(self, path: str, params: dict[str, Any] | None = None) -> AsyncIterator[Any]:
+        transport = self._ensure_transport()
+        target = API + path + _query(params)
+        stream = await transport.open_stream("GET", target)
+        self._streams.add(stream)
+        try:
+            if not 200 <= stream.status < 300:
+                body = await stream.read()
+                raise error_from_response(
+                    stream.status, stream.reason, body, method="GET", url=self.endpoint + target
+                )
+            buffer = b""
+            async for chunk in stream.chunks():
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    item = _decode_line(line)
+                    if item is not None:
+                        yield item
+            item = _decode_line(buffer)
+            if item is not None:
+                yield item
+        finally:
+            self._streams.discard(stream)
+            await stream.close()
+
+    # ------------------------------------------------------------------ allocations
+
+    async def submit(self, spec: AllocationSpec) -> Allocation:
+        """Submit an allocation; returns it as stored (normally Pending).
+
+        Fills ``spec.request_id`` with a uuid4 hex when empty, so a retry of the same
+        spec object is recognised by the server as the same submission.
+        """
+        if not spec.request_id:
+            import uuid
+
+            spec.request_id = uuid.uuid4().hex
+        data = await self._call("POST", "/allocations", body=spec.to_dict())
+        return Allocation.from_dict(data)
+
+    async def status(self, alloc_id: str) -> Allocation:
+        """The allocation with this id (LatticeNotFoundError if there is none)."""
+        return Allocation.from_dict(await self._call("GET", f"/allocations/{_seg(alloc_id)}"))
+
+    async def list_allocations(
+        self,
+        state: str | None = None,
+        tenant: str | None = None,
+        vcluster: str | None = None,
+        user: str | None = None,
+        all: bool = False,
+        limit: int | None = None,
+    ) -> list[Allocation]:
+        """Allocations visible to the caller; by default the caller's own.
+
+        ``all=True`` asks for every allocation of the tenant (needs permission).
+        """
+        params = {
+            "state": state,
+            "tenant": tenant,
+            "vcluster": vcluster,
+            "user": user,
+            "all": bool(all),
+            "limit": limit,
+        }
+        data = await self._call("GET", "/allocations", params=params)
+        return [Allocation.from_dict(a) for a in _items(data, "allocations")]
+
+    async def cancel(self, alloc_id: str) -> Allocation:
+        """Cancel an allocation; returns it in its new (Cancelled) state."""
+        return Allocation.from_dict(await self._call("DELETE", f"/allocations/{_seg(alloc_id)}"))
+
+    async def watch(self, alloc_id: str) -> AsyncIterator[AllocationEvent]:
+        """Yield one event per change, starting with the current state; ends when the
+        allocation reaches a terminal state (the server closes the stream)."""
+        async for item in self._ndjson(f"/allocations/{_seg(alloc_id)}/watch"):
+            _raise_inline_error(item)
+            yield AllocationEvent.from_dict(item)
+
+    async def logs(
+        self, alloc_id: str, tail: int | None = None, stream: str = "both"
+    ) -> list[LogLine]:
+        """Stored output of an allocation; ``stream`` is stdout, stderr or both."""
+        if stream not in ("stdout", "stderr", "both"):
+            raise ValueError(f"stream must be stdout, stderr or both, not {stream!r}")
+        params = {"tail": tail, "stream": stream}
+        data = await self._call("GET", f"/allocations/{_seg(alloc_id)}/logs", params=params)
+        return [LogLine.from_dict(line) for line in _items(data, "lines")]
+
+    async def stream_logs(
+        self, alloc_id: str, tail: int | None = None, stream: str = "both"
+    ) -> AsyncIterator[LogLine]:
+        """Live output: the last ``tail`` lines, then new lines as they arrive; ends when the
+        allocation has ended and its output is drained."""
+        if stream not in ("stdout", "stderr", "both"):
+            raise ValueError(f"stream must be stdout, stderr or both, not {stream!r}")
+        params = {"tail": tail, "stream": None if stream == "both" else stream}
+        async for item in self._ndjson(f"/allocations/{_seg(alloc_id)}/logs/stream", params):
+            _raise_inline_error(item)
+            yield LogLine.from_dict(item)
+
+    # ------------------------------------------------------------------ nodes
+
+    async def list_nodes(self, state: str | None = None) -> list[Node]:
+        data = await self._call("GET", "/nodes", params={"state": state})
+        return [Node.from_dict(n) for n in _items(data, "nodes")]
+
+    async def get_node(self, node_id: str) -> Node:
+        return Node.from_dict(await self._call("GET", f"/nodes/{_seg(node_id)}"))
+
+    async def _node_action(self, node_id: str, action: str, reason: str = "") -> Node:
+        data = await self._call(
+            "POST", f"/nodes/{_seg(node_id)}/{action}", body={"reason": reason or ""}
+        )
+        return Node.from_dict(data)
+
+    async def drain_node(self, node_id: str, reason: str = "") -> Node:
+        """Stop placing new work on the node; running allocations finish."""
+        return await self._node_action(node_id, "drain", reason)
+
+    async def undrain_node(self, node_id: str, reason: str = "") -> Node:
+        return await self._node_action(node_id, "undrain", reason)
+
+    async def disable_node(self, node_id: str, reason: str = "") -> Node:
+        """Take the node out of service entirely."""
+        return await self._node_action(node_id, "disable", reason)
+
+    async def enable_node(self, node_id: str, reason: str = "") -> Node:
+        return await self._node_action(node_id, "enable", reason)
+
+    # ------------------------------------------------------------------ tenants
+
+    async def list_tenants(self) -> list[Tenant]:
+        data = await self._call("GET", "/tenants")
+        return [Tenant.from_dict(t) for t in _items(data, "tenants")]
+
+    async def get_tenant(self, name: str) -> Tenant:
+        return Tenant.from_dict(await self._call("GET", f"/tenants/{_seg(name)}"))
+
+    async def create_tenant(
+        self,
+        name: str,
+        max_nodes: int | None = None,
+        max_concurrent_allocations: int | None = None,
+        fair_share_target: float | None = None,
+        burst_allowance: float | None = None,
+        gpu_hours_budget: float | None = None,
+        node_hours_budget: float | None = None,
+        isolation: str | None = None,
+        **extra: Any,
+    ) -> Tenant:
+        """Create a tenant; unset limits are left to the server's defaults (no limit)."""
+        body = {
+            "name": name,
+            "max_nodes": max_nodes,
+            "max_concurrent_allocations": max_concurrent_allocations,
+            "fair_share_target": fair_share_target,
+            "burst_allowance": burst_allowance,
+            "gpu_hours_budget": gpu_hours_budget,
+            "node_hours_budget": node_hours_budget,
+            "isolation": isolation,
+            **extra,
+        }
+        body = {k: v for k, v in body.items() if v is not None}
+        return Tenant.from_dict(await self._call("POST", "/tenants", body=body))
+
+    async def update_tenant(self, name: str, **fields: Any) -> Tenant:
+        """PATCH the given fields (an explicit ``None`` clears a limit)."""
+        data = await self._call("PATCH", f"/tenants/{_seg(name)}", body=fields)
+        return Tenant.from_dict(data)
+
+    # ------------------------------------------------------------------ vclusters
+
+    async def list_vclusters(self) -> list[VCluster]:
+        data = await self._call("GET", "/vclusters")
+        return [VCluster.from_dict(v) for v in _items(data, "vclusters")]
+
+    async def get_vcluster(self, name: str) -> VCluster:
+        return VCluster.from_dict(await self._call("GET", f"/vclusters/{_seg(name)}"))
+
+    async def create_vcluster(
+        self,
+        name: str,
+        scheduler_type: str = "hpc-backfill",
+        tenant: str = "",
+        weights: dict[str, float] | None = None,
+        cycle_interval_seconds: float | None = None,
+        backfill_depth: int | None = None,
+        allow_borrowing: bool | None = None,
+        **extra: Any,
+    ) -> VCluster:
+        """Create a vCluster. ``tenant=""`` makes it shared by all tenants."""
+        body = {
+            "name": name,
+            "scheduler_type": scheduler_type,
+            "tenant": tenant,
+            "weights": weights,
+            "cycle_interval_seconds": cycle_interval_seconds,
+            "backfill_depth": backfill_depth,
+            "allow_borrowing": allow_borrowing,
+            **extra,
+        }
+        body = {k: v for k, v in body.items() if v is not None}
+        return VCluster.from_dict(await self._call("POST", "/vclusters", body=body))
+
+    async def update_vcluster(self, name: str, **fields: Any) -> VCluster:
+        """PATCH the given fields; ``weights`` may name only the weights to change."""
+        data = await self._call("PATCH", f"/vclusters/{_seg(name)}", body=fields)
+        return VCluster.from_dict(data)
+
+    # ------------------------------------------------------------------ cluster
+
+    async def raft_status(self) -> dict[str, Any]:
+        """Quorum view of the member that answered: leader, term, commit index, members."""
+        return await self._call("GET", "/raft/status")
+
+    async def health(self) -> dict[str, Any]:
+        """``GET /healthz``: ``{"status": "ok", ...}`` when the server is up."""
+        return await self._call("GET", "/healthz", prefix="")
+
+
+def _decode_line(line: bytes) -> Any:
+    text = line.strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        snippet = text[:120].decode("utf-8", "replace")
+        raise LatticeError(
+            f"malformed line in a streamed response: {snippet!r}", code="bad_response"
+        ) from exc
+
+
+def _raise_inline_error(item: Any) -> None:
+    """A stream may end with ``{"error": {...}}`` instead of a record."""
+    if isinstance(item, dict) and isinstance(item.get("error"), dict) and len(item) == 1:
+        from lattice_sdk.errors import error_class_for_code
+
+        err = item["error"]
+        raise error_class_for_code(str(err.get("code") or ""))(
+            str(err.get("message") or "stream failed"),
+            code=str(err.get("code") or ""),
+            details=err.get("details") if isinstance(err.get("details"), dict) else {},
+            hint=str(err.get("hint") or ""),
+        )
+
+
+def _items(data: Any, key: str) -> list[Any]:
+    if isinstance(data, list):
+        return data
+    if isinstance(data, dict):
+        value = data.get(key)
+        if isinstance(value, list):
+            return value
+    return []
