@@ -107,11 +107,14 @@ def merge(base: SubmitOptions, override: SubmitOptions) -> SubmitOptions:
 
 def parse_positive_int(text: str, what: str, *, minimum: int = 1) -> int:
     value = str(text).strip()
+    hint = f"Give {what} as a whole number of at least {minimum}."
+    if value.startswith("-") and value[1:].isascii() and value[1:].isdigit():
+        raise DirectiveError(f"{what} must be at least {minimum}, not {value}", hint=hint)
     if not value.isascii() or not value.isdigit() or len(value) > 9:
-        raise DirectiveError(f"{what} must be a whole number, not {text!r}")
+        raise DirectiveError(f"{what} must be a whole number, not {text!r}", hint=hint)
     number = int(value)
     if number < minimum:
-        raise DirectiveError(f"{what} must be at least {minimum}, not {number}")
+        raise DirectiveError(f"{what} must be at least {minimum}, not {number}", hint=hint)
     return number
 
 

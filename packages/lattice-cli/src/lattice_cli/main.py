@@ -335,7 +335,7 @@ def submit(
         ),
     ] = None,
     nodes: Annotated[
-        int | None, typer.Option("--nodes", "-N", help="Number of whole nodes.", min=1)
+        int | None, typer.Option("--nodes", "-N", help="Number of whole nodes (at least 1).")
     ] = None,
     walltime: Annotated[
         str | None,
@@ -357,8 +357,6 @@ def submit(
         typer.Option(
             "--preemption-class",
             help="0 (preempted first) .. 10 (never preempted); default 5.",
-            min=0,
-            max=10,
         ),
     ] = None,
     constraint: Annotated[
@@ -412,13 +410,17 @@ def submit(
 
     try:
         flags = d.SubmitOptions(
-            nodes=nodes,
+            nodes=d.parse_positive_int(str(nodes), "nodes") if nodes is not None else None,
             walltime=d.parse_walltime(walltime) if walltime is not None else None,
             name=name,
             tenant=tenant or state.tenant,  # `lattice -t X submit` is a flag too
             vcluster=vcluster or state.vcluster,
             project=project,
-            preemption_class=preemption_class,
+            preemption_class=(
+                d.parse_preemption_class(str(preemption_class))
+                if preemption_class is not None
+                else None
+            ),
             constraints=d.parse_constraints(constraint or []),
             env=d.parse_env(env or []),
             requeue=requeue.value if requeue else None,

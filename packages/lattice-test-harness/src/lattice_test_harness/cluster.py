@@ -141,13 +141,16 @@ class ClusterHandle:
     # --- CLI ----------------------------------------------------------------------------
 
     def cli_env(self) -> dict[str, str]:
+        config = self.cluster.base / "cli-config.yaml"
+        if not config.exists():  # LATTICE_CONFIG must name an existing file
+            self.cluster.write_cli_config(config)
         env = dict(os.environ)
         env.update(
             {
                 "LATTICE_ENDPOINT": self.cluster.rest_url,
                 "LATTICE_TENANT": self.cluster.tenant,
                 "LATTICE_VCLUSTER": self.cluster.vclusters[0],
-                "LATTICE_CONFIG": str(self.cluster.base / "cli-config.yaml"),
+                "LATTICE_CONFIG": str(config),
                 "USER": self.user,
             }
         )
