@@ -185,11 +185,6 @@ def test_role_from_claims(claims: dict[str, Any], role: Role) -> None:
     assert role_from_claims(claims) == role
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (minor): role_from_claims handles 'scp' only as a space-separated string; "
-    "IdPs such as Okta send scp as a JSON array, which then never matches",
-)
 def test_scp_claim_as_a_list() -> None:
     assert role_from_claims({"scp": ["openid", "operator"]}) == Role.OPERATOR
 

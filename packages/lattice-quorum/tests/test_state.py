@@ -672,6 +672,17 @@ def test_drained_node_that_went_down_stays_drained_after_register() -> None:
     assert s.nodes["n0000"].state != N.READY
 
 
+def test_enable_and_later_reregistration_agree_about_the_drain() -> None:
+    s = world(nodes=1)
+    ok(s, c.DrainNode(node_id="n0000"))
+    ok(s, c.DisableNode(node_id="n0000"))
+    ok(s, c.EnableNode(node_id="n0000"))
+    after_enable = s.nodes["n0000"].state
+    ok(s, c.SetNodeHealth(node_id="n0000", state=N.DOWN))
+    register(s, "n0000")
+    assert s.nodes["n0000"].state == after_enable
+
+
 def test_health_degraded_and_back() -> None:
     s = world(nodes=1)
     aid = running(s, ["n0000"])
@@ -1098,20 +1109,12 @@ class StateMachineModel(RuleBasedStateMachine):
     def update_state(self, data: st.DataObject) -> None:
         aid = self.pick(data)
         a = self.state.allocations.get(aid)
-        targets = list(A)
-        if a is not None:
-            # Known bugs (xfail examples above) kept out of the random walk:
-            if a.state in HOLDING_STATES:
-                targets.remove(A.SUSPENDED)  # Suspended keeps node ownership
-            if a.state == A.PENDING:
-                for t in HOLDING_STATES:  # entering a holding state without AssignNodes
-                    targets.remove(t)
-                if a.spec.requeue_policy == RequeuePolicy.ALWAYS:
-                    targets.remove(A.FAILED)
-        target = data.draw(st.sampled_from(targets), label="target")
+        before = a.state.value if a is not None else "missing"
+        target = data.draw(st.sampled_from(list(A)), label="target")
         res = self.do(c.UpdateAllocationState(allocation_id=aid, state=target, exit_code=0))
-        if a is not None:
-            event(f"update {a.state.value}->{target.value}: {'error' if res.error else 'ok'}")
+        event(f"update {before}->{target.value}: {'error' if res.error else 'ok'}")
+        if a is not None and before == "Pending" and target in HOLDING_STATES:
+            assert res.error is not None  # only AssignNodes starts an allocation
 
     @precondition(lambda self: self.has())
     @rule(data=st.data())
@@ -1191,6 +1194,8 @@ class StateMachineModel(RuleBasedStateMachine):
         s = self.state
         owned: dict[str, str] = {}
         for n in s.nodes.values():
+            if n.state in (N.DRAINING, N.DRAINED):
+                assert n.drain_requested, n  # only an operator's drain leads there
             if not n.owner:
                 assert n.owner_tenant == "" and n.owner_vcluster == ""
                 assert n.state != N.DRAINING, n

@@ -57,7 +57,8 @@ class Identity:
 
 
 def role_from_claims(claims: Mapping[str, object]) -> Role:
-    scopes = str(claims.get("scope") or claims.get("scp") or "").split()
+    raw = claims.get("scope") or claims.get("scp") or ""
+    scopes = [str(x) for x in raw] if isinstance(raw, list) else str(raw).split()
     for s in scopes:
         if s in _SCOPES:
             return _SCOPES[s]

@@ -29,6 +29,7 @@ def validate_submission(
 ) -> AllocationSpec:
     if not isinstance(body, Mapping):
         raise ValidationError("the request body must be a JSON object describing the allocation")
+    _check_text(body)
     entrypoint = str(body.get("entrypoint") or "").strip()
     if not entrypoint:
         raise ValidationError(
@@ -60,13 +61,21 @@ def validate_submission(
             hint="Use bounded (batch), unbounded (service) or reactive.",
         ) from None
     walltime_seconds = 0
-    raw_wall = body.get("walltime")
-    if raw_wall not in (None, ""):
-        walltime_seconds = parse_duration(str(raw_wall))
-    elif body.get("walltime_seconds"):
+    if body.get("walltime_seconds") not in (None, "", 0):
         walltime_seconds = _int(body["walltime_seconds"], "walltime_seconds")
         if walltime_seconds <= 0:
-            raise ValidationError("walltime must be greater than zero")
+            raise ValidationError(
+                "walltime must be greater than zero", hint="Pass e.g. --walltime=2h."
+            )
+    raw_wall = body.get("walltime")
+    if raw_wall not in (None, ""):  # the human form wins over walltime_seconds
+        walltime_seconds = parse_duration(str(raw_wall))
+    if walltime_seconds > MAX_WALLTIME_SECONDS:
+        raise ValidationError(
+            f"walltime must be at most {MAX_WALLTIME_SECONDS // 86400} days",
+            details={"walltime_seconds": walltime_seconds},
+            hint="Use an unbounded (service) allocation for work without an end.",
+        )
     if lifecycle == LifecycleType.BOUNDED and walltime_seconds <= 0:
         raise ValidationError(
             "walltime is required for a bounded (batch) allocation",
@@ -108,8 +117,13 @@ def validate_submission(
         tags = msgspec.convert(body.get("tags") or {}, dict[str, str])
     except msgspec.ValidationError as e:
         raise ValidationError(f"invalid field: {e}") from None
-    if constraints.gpu_count < 0 or constraints.memory_gb < 0:
-        raise ValidationError("constraint values must not be negative")
+    for key in ("gpu_count", "memory_gb"):
+        val = getattr(constraints, key)
+        if not 0 <= val <= INT32_MAX:
+            raise ValidationError(
+                f"constraint {key} must be between 0 and {INT32_MAX} (got {val})",
+                hint=f"Give {key} as a whole number, e.g. {key}=4.",
+            )
     return AllocationSpec(
         entrypoint=entrypoint,
         tenant=tenant,
@@ -132,12 +146,43 @@ def validate_submission(
     )
 
 
+INT32_MAX = 2**31 - 1
+MAX_WALLTIME_SECONDS = 366 * 86400
+
+
 def _int(v: Any, field: str) -> int:
+    hint = f"Give {field} as a whole number, e.g. {field}=4."
     if isinstance(v, bool):
-        raise ValidationError(f"{field} must be a whole number")
+        raise ValidationError(f"{field} must be a whole number", hint=hint)
     try:
-        return int(str(v).strip())
+        n = int(str(v).strip())
     except (TypeError, ValueError):
         raise ValidationError(
-            f"{field} must be a whole number (got {v!r})", details={field: v}
+            f"{field} must be a whole number (got {v!r})", details={field: v}, hint=hint
         ) from None
+    if abs(n) > INT32_MAX:
+        raise ValidationError(f"{field} is out of range (got {n})", hint=hint)
+    return n
+
+
+def _check_text(body: Mapping[str, Any]) -> None:
+    """Reject text that cannot be stored (lone surrogates from JSON escapes)."""
+
+    def walk(x: Any) -> None:
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValidationError(
+                    "the request contains text that is not valid UTF-8",
+                    hint="Remove unpaired \\uD800-\\uDFFF escapes from the request.",
+                ) from None
+        elif isinstance(x, Mapping):
+            for k, val in x.items():
+                walk(k)
+                walk(val)
+        elif isinstance(x, list | tuple):
+            for val in x:
+                walk(val)
+
+    walk(body)

@@ -239,7 +239,7 @@ def _enable_node(state: GlobalState, cmd: c.EnableNode, ch: Changes) -> c.Comman
         return c.CommandResult(revision=state.revision, node=n)
     _bump(state)
     n.disabled = False
-    n.state = NodeState.READY
+    n.state = NodeState.DRAINED if n.drain_requested else NodeState.READY
     n.state_reason = ""
     _touch_node(state, n, ch)
     return c.CommandResult(revision=state.revision, node=n)

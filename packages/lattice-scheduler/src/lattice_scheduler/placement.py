@@ -115,11 +115,20 @@ def plan_cycle(
         matching = [n for n in free if n.id not in taken and satisfies(n, a.spec.constraints)]
         chosen = pick_nodes(matching, a.spec.nodes)
         if chosen is None:
-            any_match = any(satisfies(n, a.spec.constraints) for n in nodes.values())
+            # could it ever run here? count usable nodes, busy or not
+            usable = sum(
+                1
+                for n in nodes.values()
+                if n.state not in (NodeState.DOWN, NodeState.FAILED)
+                and n.home_vcluster in ("", vcluster)
+                and satisfies(n, a.spec.constraints)
+            )
             waiting.append(
                 Pending(
                     a.id,
-                    "all suitable nodes occupied" if any_match else "no nodes matching constraints",
+                    "all suitable nodes occupied"
+                    if usable >= a.spec.nodes
+                    else "no nodes matching constraints",
                 )
             )
             continue
