@@ -59,6 +59,9 @@ class LatticeService:
             tenants=tenants,
             vclusters=vclusters,
             default_tenant=who.tenant,
+            # a follower may not have applied a just-created tenant yet: the state
+            # machine checks names again at commit, with the same error
+            check_names=self.member.is_leader,
         )
         res = raise_if_error(
             await self.member.propose(c.SubmitAllocation(spec=spec, now=time.time()))
@@ -68,6 +71,7 @@ class LatticeService:
 
     def get_allocation(self, who: Identity, alloc_id: str) -> Allocation:
         authorize(who, "allocation.read")
+        self.member.require_caught_up()
         a = self.member.read(lambda s: s.allocations.get(alloc_id))
         if a is None:
             raise NotFound(
@@ -88,6 +92,7 @@ class LatticeService:
         limit: int | None = None,
     ) -> list[Allocation]:
         authorize(who, "allocation.read")
+        self.member.require_caught_up()
         states: set[AllocationState] | None = None
         if state:
             try:
@@ -168,6 +173,7 @@ class LatticeService:
 
     def list_nodes(self, who: Identity, *, state: str | None = None) -> list[Node]:
         authorize(who, "node.read")
+        self.member.require_caught_up()
         wanted: set[NodeState] | None = None
         if state:
             try:

@@ -26,6 +26,7 @@ def validate_submission(
     vclusters: Collection[str],
     default_tenant: str = "",
     default_vcluster: str = "",
+    check_names: bool = True,
 ) -> AllocationSpec:
     if not isinstance(body, Mapping):
         raise ValidationError("the request body must be a JSON object describing the allocation")
@@ -88,14 +89,14 @@ def validate_submission(
             details={"available": ", ".join(sorted(tenants)) or "(none)"},
             hint="Pass --tenant or set LATTICE_TENANT.",
         )
-    if tenant not in tenants:
+    if check_names and tenant not in tenants:
         raise NotFound(
             f'unknown tenant "{tenant}"',
             details={"available": ", ".join(sorted(tenants)) or "(none)"},
             hint="Pick one of the available tenants with --tenant.",
         )
     vcluster = str(body.get("vcluster") or default_vcluster or "")
-    if vcluster not in vclusters:
+    if not vcluster or (check_names and vcluster not in vclusters):
         raise NotFound(
             f'unknown vCluster "{vcluster}"' if vcluster else "no vCluster given",
             details={"available": ", ".join(sorted(vclusters)) or "(none)"},

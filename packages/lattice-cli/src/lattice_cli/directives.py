@@ -647,7 +647,7 @@ def script_entrypoint(script_path: str, text: str, args: list[str] | tuple[str, 
 
 def command_entrypoint(argv: list[str] | tuple[str, ...]) -> str:
     """``lattice submit -- torchrun train.py`` -> ``"torchrun train.py"`` (shell-quoted)."""
-    if not argv:
+    if not argv or not any(a.strip() for a in argv):
         raise DirectiveError(
             "nothing to run", hint="Give a script (lattice submit job.sh) or a command after --."
         )

@@ -219,6 +219,11 @@ class Agent:
             await asyncio.sleep(0.5)
 
     async def apply_desired(self, generation: int, desired: list[Allocation]) -> None:
+        if generation < self.generation:
+            # older than what we already acted on (e.g. a member that is behind):
+            # never stop or restart work because of it
+            log.info("ignoring desired state generation %s < %s", generation, self.generation)
+            return
         self.generation = generation
         actions = reconcile(self.node_id, desired, self.runtime.reports(), self.attempts)
         for act in actions:

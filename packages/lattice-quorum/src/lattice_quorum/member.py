@@ -242,7 +242,9 @@ class QuorumMember:
 
     def subscribe(self, maxsize: int = 0) -> asyncio.Queue[bytes | None]:
         """A queue that receives the snapshot first, then every delta. ``None`` means
-        the state was replaced (dump loaded): drop the mirror and resubscribe."""
+        the state was replaced (dump loaded): drop the mirror and resubscribe. Refused
+        (Unavailable) while this member is not in sync with a leader."""
+        self.require_caught_up()
         q: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
         with self.sm._lock:
             q.put_nowait(self.snapshot_delta())
@@ -281,6 +283,20 @@ class QuorumMember:
         if self._loop is not None:
             for cb in self._leader_callbacks:
                 self._loop.call_soon_threadsafe(cb, leader)
+
+    @property
+    def caught_up(self) -> bool:
+        """True when this member has synced with a live leader: only then does its
+        state reflect the cluster (a member replaying its journal, or cut off from the
+        leader, must not be read as current)."""
+        return self.syncobj._getLeader() is not None and self.syncobj.isReady()
+
+    def require_caught_up(self) -> None:
+        if not self.caught_up:
+            raise Unavailable(
+                f"quorum member {self.node_id} is not in sync with a leader",
+                hint="Retry shortly, or against another quorum member.",
+            )
 
     @property
     def is_leader(self) -> bool:

@@ -255,13 +255,13 @@ def _submit(state: GlobalState, cmd: c.SubmitAllocation, ch: Changes) -> c.Comma
         return c.CommandResult(revision=state.revision, allocation=existing)
     if spec.tenant not in state.tenants:
         raise NotFound(
-            f'tenant "{spec.tenant}" not found',
+            f'unknown tenant "{spec.tenant}"',
             details={"available": ", ".join(sorted(state.tenants)) or "(none)"},
             hint="Pick one of the available tenants with --tenant.",
         )
     if spec.vcluster not in state.vclusters:
         raise NotFound(
-            f'vCluster "{spec.vcluster}" not found',
+            f'unknown vCluster "{spec.vcluster}"',
             details={"available": ", ".join(sorted(state.vclusters)) or "(none)"},
             hint="Pick one of the available vClusters with --vcluster.",
         )
