@@ -163,8 +163,8 @@ def test_submit_without_request_id_is_not_deduplicated() -> None:
 @pytest.mark.parametrize(
     ("tenant", "vcluster", "what", "available"),
     [
-        ("nope", "v", 'tenant "nope" not found', "physics, t"),
-        ("t", "nope", 'vCluster "nope" not found', "v, w"),
+        ("nope", "v", 'unknown tenant "nope"', "physics, t"),
+        ("t", "nope", 'unknown vCluster "nope"', "v, w"),
     ],
 )
 def test_submit_unknown_tenant_or_vcluster_lists_the_available_ones(

@@ -120,6 +120,7 @@ class QuorumMember:
             logCompactionMinEntries=log_compaction_min_entries,
             logCompactionMinTime=log_compaction_min_time,
             commandsWaitLeader=True,
+            appendEntriesUseBatch=False,
             onStateChanged=self._on_raft_state,
             dynamicMembershipChange=True,
         )
