@@ -35,12 +35,23 @@ async def run_until_signal(coro: Coroutine[Any, Any, None]) -> None:
         await task
 
 
+def run_event_loop(coro: Coroutine[Any, Any, None]) -> None:
+    """uvloop when installed (every hop of a job's life crosses several event loops,
+    and uvloop cuts their overhead), the standard loop otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+    else:
+        uvloop.run(coro)
+
+
 def daemon_main(
     component: str, log_level: str, run: Callable[[], Coroutine[Any, Any, None]]
 ) -> None:
     setup_logging(component, log_level)
     try:
-        asyncio.run(run())
+        run_event_loop(run())
     except LatticeError as e:
         print(e.render(), file=sys.stderr)
         sys.exit(1)

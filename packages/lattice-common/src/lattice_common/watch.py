@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import msgspec
 
-from lattice_common.types import Allocation, Node, Tenant, VCluster
+from lattice_common.types import (
+    HOLDING_STATES,
+    Allocation,
+    AllocationState,
+    Node,
+    Tenant,
+    VCluster,
+)
 
 
 class StateDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -42,6 +49,9 @@ class StateMirror:
         self.nodes: dict[str, Node] = {}
         self.tenants: dict[str, Tenant] = {}
         self.vclusters: dict[str, VCluster] = {}
+        # indexes kept with every change, so readers need not scan all allocations
+        self.pending: dict[str, None] = {}
+        self.holding: dict[str, None] = {}
 
     def apply(self, d: StateDelta) -> None:
         if d.snapshot:
@@ -49,8 +59,18 @@ class StateMirror:
             self.nodes = {}
             self.tenants = {}
             self.vclusters = {}
+            self.pending = {}
+            self.holding = {}
         for a in d.allocations:
             self.allocations[a.id] = a
+            if a.state == AllocationState.PENDING:
+                self.pending[a.id] = None
+            else:
+                self.pending.pop(a.id, None)
+            if a.state in HOLDING_STATES:
+                self.holding[a.id] = None
+            else:
+                self.holding.pop(a.id, None)
         for n in d.nodes:
             self.nodes[n.id] = n
         for t in d.tenants:

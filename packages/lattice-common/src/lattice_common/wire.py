@@ -34,6 +34,7 @@ libraries inline:
 from __future__ import annotations
 
 import enum
+import functools
 import types
 import typing
 from typing import Any, TypeVar
@@ -140,7 +141,7 @@ def _message_to_builtins(message: betterproto2.Message, struct_cls: type) -> dic
 
 def _complete(data: dict[str, Any], message: betterproto2.Message, struct_cls: type) -> None:
     """Fill required Struct fields that were empty on the wire, recursing into records."""
-    for field in msgspec.structs.fields(struct_cls):
+    for field in _fields(struct_cls):
         name = field.name
         wire_value = getattr(message, name, None)
         if name not in data:
@@ -167,6 +168,13 @@ def _complete(data: dict[str, Any], message: betterproto2.Message, struct_cls: t
                     _complete(item, wire_item, nested)
 
 
+@functools.cache
+def _fields(struct_cls: type) -> tuple[msgspec.structs.FieldInfo, ...]:
+    # msgspec.structs.fields re-evaluates the class's annotations on every call
+    return msgspec.structs.fields(struct_cls)
+
+
+@functools.cache
 def _struct_of(annotation: Any) -> type | None:
     """The Struct type inside ``T``, ``T | None``, ``list[T]`` or ``dict[str, T]``, if any."""
     if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):

@@ -107,6 +107,8 @@ class Scheduler:
                 nodes=self.mirror.nodes,
                 tenants=self.mirror.tenants,
                 exclude=self._inflight,
+                pending_ids=self.mirror.pending,
+                holding_ids=self.mirror.holding,
             )
             QUEUE_DEPTH.labels(vc).set(len(proposals) + len(waiting))
             if proposals:

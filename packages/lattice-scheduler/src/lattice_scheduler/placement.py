@@ -81,20 +81,55 @@ def plan_cycle(
     nodes: Mapping[str, Node],
     tenants: Mapping[str, Tenant],
     exclude: Iterable[str] = (),
+    pending_ids: Iterable[str] | None = None,
+    holding_ids: Iterable[str] | None = None,
 ) -> tuple[list[Proposal], list[Pending]]:
-    """Decide this cycle's assignments for one vCluster."""
+    """Decide this cycle's assignments for one vCluster.
+
+    ``pending_ids`` / ``holding_ids`` are optional indexes (a StateMirror keeps them) so
+    a cycle need not scan every allocation ever submitted; without them it scans.
+    """
     skip = set(exclude)
-    pending = order_pending(
-        a
-        for a in allocations.values()
-        if a.state == AllocationState.PENDING and a.spec.vcluster == vcluster and a.id not in skip
+    candidates = (
+        allocations.values() if pending_ids is None else (allocations[i] for i in pending_ids)
     )
-    if not pending:
+    pending_unsorted = [
+        a
+        for a in candidates
+        if a.state == AllocationState.PENDING and a.spec.vcluster == vcluster and a.id not in skip
+    ]
+    if not pending_unsorted:
         return [], []
+    pending = order_pending(pending_unsorted)
+    usable_cache: dict[tuple[object, ...], int] = {}
+
+    def not_now(a: Allocation) -> Pending:
+        """Occupied (will run later) or impossible here (too few usable nodes at all)."""
+        c = a.spec.constraints
+        key = (c.gpu_type, c.gpu_count, tuple(c.features), c.memory_gb)
+        usable = usable_cache.get(key)
+        if usable is None:
+            usable = usable_cache[key] = sum(
+                1
+                for n in nodes.values()
+                if n.state not in (NodeState.DOWN, NodeState.FAILED)
+                and n.home_vcluster in ("", vcluster)
+                and satisfies(n, c)
+            )
+        reason = (
+            "all suitable nodes occupied"
+            if usable >= a.spec.nodes
+            else "no nodes matching constraints"
+        )
+        return Pending(a.id, reason)
+
     free = [n for n in nodes.values() if eligible(n, vcluster)]
+    if not free:  # nothing can start this cycle
+        return [], [not_now(a) for a in pending]
     used_nodes: dict[str, int] = defaultdict(int)
     used_allocs: dict[str, int] = defaultdict(int)
-    for a in allocations.values():
+    holding = allocations.values() if holding_ids is None else (allocations[i] for i in holding_ids)
+    for a in holding:
         if a.state in HOLDING_STATES:
             used_nodes[a.spec.tenant] += len(a.assigned_nodes)
             used_allocs[a.spec.tenant] += 1
@@ -115,22 +150,7 @@ def plan_cycle(
         matching = [n for n in free if n.id not in taken and satisfies(n, a.spec.constraints)]
         chosen = pick_nodes(matching, a.spec.nodes)
         if chosen is None:
-            # could it ever run here? count usable nodes, busy or not
-            usable = sum(
-                1
-                for n in nodes.values()
-                if n.state not in (NodeState.DOWN, NodeState.FAILED)
-                and n.home_vcluster in ("", vcluster)
-                and satisfies(n, a.spec.constraints)
-            )
-            waiting.append(
-                Pending(
-                    a.id,
-                    "all suitable nodes occupied"
-                    if usable >= a.spec.nodes
-                    else "no nodes matching constraints",
-                )
-            )
+            waiting.append(not_now(a))
             continue
         taken.update(n.id for n in chosen)
         used_nodes[a.spec.tenant] += len(chosen)
