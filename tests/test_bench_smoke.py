@@ -1,0 +1,38 @@
+"""The benchmark scripts still run and print their JSON (a bounded --quick run each).
+
+Figures are not asserted here: benchmarks measure, tests check behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
+
+EXPECTED = {
+    "raft_commit.py": {"members", "p50_ms", "p99_ms", "pipelined_commits_per_s"},
+    "submit_latency.py": {"p50_ms", "p95_ms"},
+    "submit_throughput.py": {"clients", "submits_per_s"},
+    "job_throughput.py": {"agents", "jobs_per_s"},
+    "cli_latency.py": {"queued", "status_p50_ms"},
+}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("script", sorted(EXPECTED))
+def test_benchmark_prints_its_json(script: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    result = json.loads(last)
+    assert EXPECTED[script] <= set(result), result
