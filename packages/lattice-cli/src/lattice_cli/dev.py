@@ -85,7 +85,8 @@ def up(
     else:
         typer.echo(f"  export LATTICE_ENDPOINT={cluster.rest_url} LATTICE_TENANT={cluster.tenant}")
     typer.echo(
-        "\nTry:\n  lattice submit --walltime=5m -- echo hello\n  lattice status\n  lattice logs <ID>\n"
+        "\nTry (prefix with `uv run` from the repository checkout):\n"
+        "  lattice submit --walltime=5m -- echo hello\n  lattice status\n  lattice logs <ID>\n"
     )
     typer.echo("Press Ctrl-C to stop the cluster.")
     try:

@@ -74,6 +74,7 @@ class Scheduler:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+            self.quorum.endpoints.close()
 
     async def _watch(self) -> None:
         while True:
