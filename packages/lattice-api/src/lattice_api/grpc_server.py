@@ -24,10 +24,8 @@ from lattice_common import commands as c
 from lattice_common.errors import LatticeError, ValidationError
 from lattice_common.proto.lattice import v1
 from lattice_common.types import (
-    Allocation,
     AllocationReport,
     Node,
-    NodeCapabilities,
     Tenant,
     VCluster,
 )
@@ -379,4 +377,4 @@ def build_grpc_server(
     return server
 
 
-__all__ = ["Allocation", "NodeCapabilities", "build_grpc_server", "who"]
+__all__ = ["build_grpc_server", "who"]

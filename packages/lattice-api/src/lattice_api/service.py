@@ -7,7 +7,6 @@ state under its lock and copy what they return.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -402,10 +401,4 @@ def _check_quota_values(*vals: Any) -> None:
             raise ValidationError(f"quota values must be whole numbers >= 0 (got {v!r})")
 
 
-async def first(it: AsyncIterator[Any]) -> Any:
-    async for x in it:
-        return x
-    return None
-
-
-__all__ = ["LatticeService", "asyncio", "first", "raise_if_error"]
+__all__ = ["LatticeService", "raise_if_error"]
