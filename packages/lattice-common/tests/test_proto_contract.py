@@ -95,6 +95,8 @@ def _allocation() -> types.Allocation:
         reason="node_failure",
         requeue_count=1,
         preempted_count=2,
+        preempted_by="b2c3d4e5",
+        resume_from_checkpoint=True,
         revision=2**40 + 7,  # beyond 32 bits on purpose
     )
 

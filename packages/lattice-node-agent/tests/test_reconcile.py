@@ -185,3 +185,11 @@ def test_reconcile_converges(s: tuple[list[Allocation], Runtime, list[str]]) -> 
     rt.execute(reconcile(NODE, [], rt.reports(), rt.attempts))
     assert rt.phases == {}
     assert reconcile(NODE, [], rt.reports(), rt.attempts) == []
+
+
+def test_checkpointing_allocation_is_stopped_but_kept_for_its_report() -> None:
+    a = alloc("a", ["n1"])
+    a.state = AllocationState.CHECKPOINTING
+    assert reconcile("n1", [a], [running("a")], {"a": 0}) == [Stop("a", "preempted", keep=True)]
+    # once it has exited it is neither restarted nor forgotten while still desired
+    assert reconcile("n1", [a], [exited("a", 143)], {"a": 0}) == []

@@ -1257,3 +1257,45 @@ StateMachineModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestStateMachine = StateMachineModel.TestCase
+
+
+# --- preemption ------------------------------------------------------------------------
+
+
+def test_preempt_moves_victim_to_checkpointing_then_requeue_keeps_submit_time() -> None:
+    s = world(nodes=1)
+    victim = running(s, ["n0000"])
+    s.allocations[victim].spec.preemption_class = 2
+    boss = submit(s, preemption_class=8)
+    submitted = s.allocations[victim].submitted_at
+    ok(s, c.PreemptAllocation(allocation_id=victim, preemptor_id=boss))
+    v = s.allocations[victim]
+    assert v.state == A.CHECKPOINTING and v.preempted_by == boss
+    assert s.nodes["n0000"].owner == victim  # still holds its node until it has stopped
+    ok(s, c.UpdateAllocationState(allocation_id=victim, state=A.SUSPENDED, reason="preempted"))
+    assert s.nodes["n0000"].owner == ""
+    ok(s, c.RequeueAllocation(allocation_id=victim, reason="preempted", preempted=True))
+    v = s.allocations[victim]
+    assert v.state == A.PENDING and v.submitted_at == submitted
+    assert (v.preempted_count, v.requeue_count, v.resume_from_checkpoint) == (1, 0, True)
+
+
+def test_preempt_only_moves_down_and_never_class_10() -> None:
+    s = world(nodes=2)
+    same = running(s, ["n0000"])
+    s.allocations[same].spec.preemption_class = 5
+    top = running(s, ["n0001"])
+    s.allocations[top].spec.preemption_class = 10
+    boss = submit(s, preemption_class=5)
+    rejected(s, c.PreemptAllocation(allocation_id=same, preemptor_id=boss), "invalid_argument")
+    boss10 = submit(s, preemption_class=10)
+    rejected(s, c.PreemptAllocation(allocation_id=top, preemptor_id=boss10), "invalid_argument")
+
+
+def test_checkpointing_allocation_cannot_be_preempted_again() -> None:
+    s = world(nodes=1)
+    victim = running(s, ["n0000"])
+    s.allocations[victim].spec.preemption_class = 1
+    boss = submit(s, preemption_class=8)
+    ok(s, c.PreemptAllocation(allocation_id=victim, preemptor_id=boss))
+    rejected(s, c.PreemptAllocation(allocation_id=victim, preemptor_id=boss), "invalid_transition")

@@ -305,6 +305,20 @@ class AdminService(v1.AdminServiceBase):
             ],
         )
 
+    # --- usage (lattice_api.usage) ---------------------------------------------------
+
+    async def get_tenant_usage(self, message: v1.GetTenantUsageRequest) -> v1.TenantUsage:
+        from lattice_api.usage import grpc_tenant_usage
+
+        return grpc_tenant_usage(self.svc, who(), message)
+
+    async def get_user_usage(self, message: v1.GetUserUsageRequest) -> v1.UserUsage:
+        from lattice_api.usage import grpc_user_usage
+
+        return grpc_user_usage(self.svc, who(), message)
+
+    # --- end usage --------------------------------------------------------------------
+
 
 class QuorumService(v1.QuorumServiceBase):
     """Internal: schedulers and the broker propose commands and watch state here."""

@@ -105,6 +105,27 @@ class NodeMonitor:
                 continue
             if not a.assigned_nodes or a.assigned_nodes[0] != node_id:
                 continue  # only the head node's exit ends the allocation
+            if a.state == AllocationState.CHECKPOINTING and r.reason == "preempted":
+                # preemption done: Suspended (nodes released), then back in the queue
+                # with its original submit time and the resume flag
+                now = time.time()
+                cmds.append(
+                    c.Batch(
+                        commands=[
+                            c.UpdateAllocationState(
+                                allocation_id=a.id,
+                                state=AllocationState.SUSPENDED,
+                                reason="preempted",
+                                now=now,
+                            ),
+                            c.RequeueAllocation(
+                                allocation_id=a.id, reason="preempted", preempted=True, now=now
+                            ),
+                        ],
+                        now=now,
+                    )
+                )
+                continue
             ok = r.exit_code == 0 and not r.reason
             cmds.append(
                 c.UpdateAllocationState(
@@ -119,7 +140,10 @@ class NodeMonitor:
             )
         if not cmds:
             return
-        ids = [cmd.allocation_id for cmd in cmds]  # type: ignore[attr-defined]
+        ids = [
+            cmd.commands[0].allocation_id if isinstance(cmd, c.Batch) else cmd.allocation_id  # type: ignore[attr-defined]
+            for cmd in cmds
+        ]
         self._inflight.update(ids)
         try:
             await self.member.propose_many(cmds)

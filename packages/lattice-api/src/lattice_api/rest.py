@@ -98,6 +98,11 @@ class RestApi:
         r.add_get("/api/v1/vclusters/{name}", self.get_vcluster)
         r.add_patch("/api/v1/vclusters/{name}", self.update_vcluster)
         r.add_get("/api/v1/raft/status", self.raft_status)
+        # --- usage: /api/v1/tenants/{name}/usage, /api/v1/usage (lattice_api.usage) ---
+        from lattice_api.usage import add_rest_routes as add_usage_routes
+
+        add_usage_routes(r, self.svc)
+        # --- end usage ---
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -1173,9 +1173,28 @@ def register_dev(args: list[str] | None = None) -> None:
     _dev_registered = True
 
 
+# --- usage: `lattice usage` (lattice_cli.usage_cmd), registered like `dev` ---
+_usage_registered = False
+
+
+def register_usage(args: list[str] | None = None) -> None:
+    """Add ``usage`` for ``lattice usage ...`` and the root help only (no import otherwise)."""
+    global _usage_registered
+    if _usage_registered or (args is not None and _command_word(args) not in (None, "usage")):
+        return
+    from lattice_cli import usage_cmd
+
+    usage_cmd.register(app, sys.modules[__name__])
+    _usage_registered = True
+
+
+# --- end usage ---
+
+
 def main(argv: list[str] | None = None) -> Any:
     args = list(sys.argv[1:] if argv is None else argv)
     register_dev(args)
+    register_usage(args)
     try:
         return app(args=args, prog_name="lattice")
     except BrokenPipeError:  # `lattice status | head`

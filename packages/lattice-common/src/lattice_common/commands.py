@@ -73,9 +73,22 @@ class CancelAllocation(Command, tag="cancel_allocation"):
 
 
 class RequeueAllocation(Command, tag="requeue_allocation"):
+    """Back to Pending, keeping the original submit time. ``preempted`` requeues count
+    in preempted_count (and set the resume flag) instead of requeue_count."""
+
     allocation_id: str
     reason: str
     expected_requeue_count: int | None = None
+    preempted: bool = False
+
+
+class PreemptAllocation(Command, tag="preempt_allocation"):
+    """Start preempting a running allocation for a pending one of a higher class:
+    Running -> Checkpointing (the hint for the agent / checkpoint broker)."""
+
+    allocation_id: str
+    preemptor_id: str
+    reason: str = "preempted"
 
 
 class SetNodeHealth(Command, tag="set_node_health"):
@@ -135,6 +148,7 @@ AnyCommand = (
     | UpdateAllocationState
     | CancelAllocation
     | RequeueAllocation
+    | PreemptAllocation
     | SetNodeHealth
     | DrainNode
     | UndrainNode
@@ -196,6 +210,7 @@ __all__ = [
     "DisableNode",
     "DrainNode",
     "EnableNode",
+    "PreemptAllocation",
     "RegisterNode",
     "RequeueAllocation",
     "SchedulerType",

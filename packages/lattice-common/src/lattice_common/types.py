@@ -139,6 +139,8 @@ class Allocation(msgspec.Struct, kw_only=True):
     reason: str = ""  # e.g. walltime_exceeded, cancelled, node_failure
     requeue_count: int = 0
     preempted_count: int = 0
+    preempted_by: str = ""  # pending allocation this one is being preempted for
+    resume_from_checkpoint: bool = False  # set when requeued after preemption
     revision: int = 0  # GlobalState revision of the last change
 
     @property

@@ -90,6 +90,8 @@ class Agent:
         self.generation = 0
         self.sequence = 0
         self._beat_now = asyncio.Event()
+        self._stopping: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._registered = asyncio.Event()
         self._server: Server | None = None
         self.address = ""
@@ -228,6 +230,9 @@ class Agent:
         actions = reconcile(self.node_id, desired, self.runtime.reports(), self.attempts)
         for act in actions:
             if isinstance(act, Stop):
+                if act.keep:  # its end must reach the quorum: stop in the background
+                    self._spawn_stop(act.allocation_id, act.reason)
+                    continue
                 await self.runtime.stop(act.allocation_id, reason=act.reason)
                 self.runtime.forget(act.allocation_id)
                 self.attempts.pop(act.allocation_id, None)
@@ -242,6 +247,21 @@ class Agent:
                     STARTUP.labels(self.node_id).observe(max(0.0, time.time() - a.started_at))
         if actions:
             self._beat_now.set()
+
+    def _spawn_stop(self, alloc_id: str, reason: str) -> None:
+        if alloc_id in self._stopping:
+            return
+        self._stopping.add(alloc_id)
+
+        async def stop() -> None:
+            try:
+                await self.runtime.stop(alloc_id, reason=reason)
+            finally:
+                self._stopping.discard(alloc_id)
+
+        task = asyncio.create_task(stop(), name=f"stop-{alloc_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
 def _why(e: BaseException) -> str:

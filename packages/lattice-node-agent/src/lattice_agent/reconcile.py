@@ -9,7 +9,7 @@ of a Slurm allocation; the other nodes are held for tasks launched into it.
 from __future__ import annotations
 
 import msgspec
-from lattice_common.types import Allocation, AllocationReport
+from lattice_common.types import Allocation, AllocationReport, AllocationState
 
 
 class Start(msgspec.Struct, frozen=True):
@@ -17,8 +17,12 @@ class Start(msgspec.Struct, frozen=True):
 
 
 class Stop(msgspec.Struct, frozen=True):
+    """Terminate (SIGTERM, grace, SIGKILL). ``keep`` keeps the exited record so its end
+    is reported to the quorum (preemption); otherwise the record is dropped at once."""
+
     allocation_id: str
     reason: str
+    keep: bool = False
 
 
 class Forget(msgspec.Struct, frozen=True):
@@ -41,6 +45,10 @@ def reconcile(
     actions: list[Action] = []
     for aid, r in have.items():
         a = want.get(aid)
+        if a is not None and a.state == AllocationState.CHECKPOINTING and r.phase == "running":
+            # Preemption without a checkpoint broker: checkpoint=none semantics
+            actions.append(Stop(aid, "preempted", keep=True))
+            continue
         if a is None:
             actions.append(Stop(aid, "cancelled") if r.phase == "running" else Forget(aid))
         elif attempts.get(aid, a.requeue_count) != a.requeue_count:

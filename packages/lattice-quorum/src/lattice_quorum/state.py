@@ -401,14 +401,21 @@ def _finish(
     _touch_alloc(state, a, ch)
 
 
-def _requeue(state: GlobalState, a: Allocation, reason: str, ch: Changes) -> None:
+def _requeue(
+    state: GlobalState, a: Allocation, reason: str, ch: Changes, *, preempted: bool = False
+) -> None:
     check_transition(a.id, a.state, AllocationState.PENDING)
     _bump(state)
     _release_nodes(state, a, ch)
     a.state = AllocationState.PENDING
     a.assigned_nodes = []
     a.started_at = None
-    a.requeue_count += 1
+    if preempted:
+        a.preempted_count += 1
+        a.resume_from_checkpoint = True
+        a.preempted_by = ""
+    else:
+        a.requeue_count += 1
     a.reason = reason
     _touch_alloc(state, a, ch)  # submitted_at is kept: no queue-jumping penalty
 
@@ -468,10 +475,40 @@ def _requeue_cmd(state: GlobalState, cmd: c.RequeueAllocation, ch: Changes) -> c
             f"allocation {a.id} was already requeued",
             details={"expected": cmd.expected_requeue_count, "current": a.requeue_count},
         )
-    if a.requeue_count >= a.spec.max_requeue:
+    if cmd.preempted:  # preemption is not the job's fault: no requeue limit
+        _requeue(state, a, cmd.reason, ch, preempted=True)
+    elif a.requeue_count >= a.spec.max_requeue:
         _finish(state, a, AllocationState.FAILED, cmd.now, cmd.reason, None, ch)
     else:
         _requeue(state, a, cmd.reason, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def _preempt(state: GlobalState, cmd: c.PreemptAllocation, ch: Changes) -> c.CommandResult:
+    a = _alloc(state, cmd.allocation_id)
+    p = _alloc(state, cmd.preemptor_id)
+    if a.state != AllocationState.RUNNING:
+        raise InvalidTransition(
+            f"allocation {a.id} is {a.state.value}; only running allocations can be preempted",
+            details={"allocation": a.id, "state": a.state.value},
+        )
+    if a.spec.preemption_class >= 10 or a.spec.preemption_class >= p.spec.preemption_class:
+        raise ValidationError(
+            f"allocation {a.id} (class {a.spec.preemption_class}) cannot be preempted by "
+            f"{p.id} (class {p.spec.preemption_class}): preemption only moves down",
+            details={
+                "victim_class": a.spec.preemption_class,
+                "preemptor_class": p.spec.preemption_class,
+            },
+        )
+    if p.state != AllocationState.PENDING:
+        raise InvalidTransition(f"preemptor {p.id} is {p.state.value}, not Pending")
+    check_transition(a.id, a.state, AllocationState.CHECKPOINTING)
+    _bump(state)
+    a.state = AllocationState.CHECKPOINTING
+    a.preempted_by = p.id
+    a.reason = cmd.reason
+    _touch_alloc(state, a, ch)
     return c.CommandResult(revision=state.revision, allocation=a)
 
 
@@ -586,6 +623,7 @@ _HANDLERS = {
     c.UpdateAllocationState: _update_state,
     c.CancelAllocation: _cancel,
     c.RequeueAllocation: _requeue_cmd,
+    c.PreemptAllocation: _preempt,
     c.CreateTenant: _create_tenant,
     c.UpdateTenant: _update_tenant,
     c.CreateVCluster: _create_vcluster,

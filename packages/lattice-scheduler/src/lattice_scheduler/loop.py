@@ -22,7 +22,8 @@ from lattice_common.types import AllocationState
 from lattice_common.watch import StateMirror
 from prometheus_client import Counter, Gauge, Histogram
 
-from lattice_scheduler.placement import plan_cycle
+from lattice_scheduler.placement import Pending, Proposal, eligible, order_pending, plan_cycle
+from lattice_scheduler.preemption import PreemptionPolicy, select_victims
 
 log = logging.getLogger("lattice.scheduler")
 
@@ -36,6 +37,12 @@ QUEUE_DEPTH = Gauge("lattice_scheduling_queue_depth", "Number of pending allocat
 PROPOSALS = Counter(
     "lattice_scheduling_proposals_total", "Proposals sent to quorum", ["vcluster", "result"]
 )
+PREEMPTIONS = Counter(
+    "lattice_preemptions_total",
+    "Allocations preempted for higher-class work",
+    ["vcluster", "reason"],
+)
+PREEMPTION_CANDIDATES_PER_CYCLE = 3  # blocked allocations considered for preemption per cycle
 
 
 class Scheduler:
@@ -52,6 +59,7 @@ class Scheduler:
         self.cycle_interval = cycle_interval
         self.reconnect_delay = reconnect_delay
         self.mirror = StateMirror()
+        self.preemption_policy = PreemptionPolicy()
         self.synced = asyncio.Event()
         self._poke = asyncio.Event()
         # allocation id -> revision at which our assignment committed; skipped until the
@@ -144,7 +152,62 @@ class Scheduler:
                                 p.allocation_id,
                                 r.error.get("message"),
                             )
+            await self._preempt_for(vc, waiting, proposals)
             CYCLE.labels(vc).observe(time.perf_counter() - t0)
 
     def poke_later(self, delay: float = 0.5) -> None:
         asyncio.get_running_loop().call_later(delay, self.poke)
+
+    async def _preempt_for(
+        self, vc: str, waiting: list[Pending], proposals: list[Proposal]
+    ) -> None:
+        """Start preempting lower-class work for the highest blocked allocations."""
+        m = self.mirror
+        occupied = [w.allocation_id for w in waiting if w.reason == "all suitable nodes occupied"]
+        if not occupied:
+            return
+        now = time.time()
+        taken = {n for p in proposals for n in p.node_ids}
+        free = [n for n in m.nodes.values() if eligible(n, vc) and n.id not in taken]
+        running = [
+            m.allocations[i] for i in m.holding if m.allocations[i].state == AllocationState.RUNNING
+        ]
+        releasing_for = {
+            m.allocations[i].preempted_by
+            for i in m.holding
+            if m.allocations[i].state == AllocationState.CHECKPOINTING
+        }
+        jobs = order_pending(m.allocations[i] for i in occupied)
+        chosen: set[str] = set()
+        cmds: list[c.Command] = []
+        for job in jobs[:PREEMPTION_CANDIDATES_PER_CYCLE]:
+            if job.id in releasing_for or job.spec.preemption_class == 0:
+                continue  # its victims are already on their way out / nothing is below it
+            victims = select_victims(
+                job,
+                [a for a in running if a.id not in chosen],
+                m.nodes,
+                now=now,
+                free_nodes=free,
+                policy=self.preemption_policy,
+            )
+            if not victims:
+                continue
+            chosen.update(victims)
+            cmds.extend(
+                c.PreemptAllocation(
+                    allocation_id=v, preemptor_id=job.id, reason="preempted", now=now
+                )
+                for v in victims
+            )
+        if not cmds:
+            return
+        try:
+            res = await self.quorum.propose(c.Batch(commands=cmds, now=now))
+        except LatticeError as e:
+            log.warning("preemption proposals for %s failed: %s", vc, e.message)
+            return
+        for cmd, r in zip(cmds, res.results or [], strict=False):
+            if r.error is None:
+                PREEMPTIONS.labels(vc, "higher_priority").inc()
+                log.info("preempting %s for %s", cmd.allocation_id, cmd.preemptor_id)  # type: ignore[attr-defined]

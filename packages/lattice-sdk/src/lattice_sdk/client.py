@@ -357,6 +357,22 @@ class LatticeClient:
         data = await self._call("PATCH", f"/tenants/{_seg(name)}", body=fields)
         return Tenant.from_dict(data)
 
+    # ------------------------------------------------------------------ usage
+
+    async def tenant_usage(self, tenant: str, days: float | None = 90) -> dict[str, Any]:
+        """Node-hours and GPU-hours a tenant used over the last ``days`` (None: the
+        server's budget period), with its budgets (``budget_fraction_used``,
+        ``*_hours_remaining``), quotas and a per-user breakdown (``users``)."""
+        return await self._call("GET", f"/tenants/{_seg(tenant)}/usage", params={"days": days})
+
+    async def user_usage(
+        self, user: str | None = None, days: float | None = 90, tenant: str | None = None
+    ) -> dict[str, Any]:
+        """A user's node-hours and GPU-hours over the last ``days`` (default: the caller;
+        ``tenant`` restricts to one tenant), with a per-tenant breakdown (``tenants``)."""
+        params = {"user": user, "days": days, "tenant": tenant}
+        return await self._call("GET", "/usage", params=params)
+
     # ------------------------------------------------------------------ vclusters
 
     async def list_vclusters(self) -> list[VCluster]:

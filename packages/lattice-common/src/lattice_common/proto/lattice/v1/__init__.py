@@ -271,6 +271,16 @@ class Allocation(betterproto2.Message):
     index inside its task group
     """
 
+    preempted_by: "str" = betterproto2.field(15, betterproto2.TYPE_STRING)
+    """
+    the allocation this one is being preempted for, "" if none
+    """
+
+    resume_from_checkpoint: "bool" = betterproto2.field(16, betterproto2.TYPE_BOOL)
+    """
+    requeued after preemption: resume from its checkpoint
+    """
+
 
 default_message_pool.register_message("lattice.v1", "Allocation", Allocation)
 

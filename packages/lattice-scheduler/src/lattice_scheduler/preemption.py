@@ -1,0 +1,111 @@
+"""Preemption: which running allocations to stop so a higher-class one can start.
+
+Pure functions over plain data (the specification's Preemption Decision Algorithm):
+
+1. candidates: running allocations of a strictly lower preemption class, never class
+   10 (sensitive / critical), never one already Checkpointing, and not near completion
+   (less than ``near_completion_seconds`` left, or more than ``near_completion_fraction``
+   of its walltime used: let it finish);
+2. cost of each: checkpoint_time + recompute_if_no_checkpoint + remaining_walltime_value;
+3. greedy: cheapest first, at most ``max_victims``, until the nodes they free plus the
+   nodes already free satisfy the pending allocation (count and hard constraints).
+
+Until the checkpoint broker exists every allocation is treated as checkpoint=none: the
+victim gets SIGTERM, grace, SIGKILL and is requeued keeping its submit time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import msgspec
+from lattice_common.types import Allocation, AllocationState, Node
+
+from lattice_scheduler.placement import satisfies
+
+NEVER_PREEMPTED_CLASS = 10
+
+
+class PreemptionPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    near_completion_seconds: float = 300.0
+    near_completion_fraction: float = 0.9
+    max_victims: int = 3
+    default_checkpoint_minutes: float = 0.0  # checkpoint=none: nothing to write
+
+
+def is_candidate(victim: Allocation, job: Allocation, now: float, policy: PreemptionPolicy) -> bool:
+    """Strictly lower class, not sensitive, running (not Checkpointing), not near its end."""
+    vc, jc = victim.spec.preemption_class, job.spec.preemption_class
+    if victim.state != AllocationState.RUNNING or vc >= NEVER_PREEMPTED_CLASS or vc >= jc:
+        return False
+    wall = victim.spec.walltime_seconds
+    if wall and victim.started_at is not None:
+        used = max(0.0, now - victim.started_at)
+        if (
+            wall - used < policy.near_completion_seconds
+            or used > policy.near_completion_fraction * wall
+        ):
+            return False
+    return True
+
+
+def preemption_cost(
+    victim: Allocation, now: float, gpus_per_node: int, policy: PreemptionPolicy
+) -> float:
+    """preemption_cost(c) = checkpoint_time(c) + recompute_if_no_checkpoint(c)
+    + remaining_walltime_value(c), in GPU-hours.
+
+    With no checkpoint, recompute is the GPU-hours since start (time_since_last_checkpoint
+    x node_count x gpu_per_node); remaining_walltime_value grows with the share of the
+    walltime already used (little invested early: cheap; near the end: expensive).
+    """
+    nodes = max(1, len(victim.assigned_nodes) or victim.spec.nodes)
+    gpus = max(1, gpus_per_node)
+    ran_h = max(0.0, now - (victim.started_at or now)) / 3600.0
+    checkpoint_h = policy.default_checkpoint_minutes / 60.0 * nodes * gpus
+    recompute = ran_h * nodes * gpus
+    wall = victim.spec.walltime_seconds
+    used_share = min(1.0, ran_h * 3600.0 / wall) if wall else 0.5
+    remaining_value = used_share * nodes * gpus
+    return checkpoint_h + recompute + remaining_value
+
+
+def select_victims(
+    job: Allocation,
+    running: Iterable[Allocation],
+    nodes: Mapping[str, Node],
+    *,
+    now: float,
+    free_nodes: Iterable[Node] = (),
+    policy: PreemptionPolicy | None = None,
+) -> list[str] | None:
+    """Victim allocation ids whose nodes (with the free ones) let ``job`` start, cheapest
+    first; None when no valid set of at most ``max_victims`` exists."""
+    policy = policy or PreemptionPolicy()
+    c = job.spec.constraints
+    have = sum(1 for n in free_nodes if satisfies(n, c))
+    need = job.spec.nodes - have
+    if need <= 0:
+        return []
+    scored: list[tuple[float, int, str, int]] = []
+    for v in running:
+        if not is_candidate(v, job, now, policy):
+            continue
+        usable = [nodes[n] for n in v.assigned_nodes if n in nodes and satisfies(nodes[n], c)]
+        if not usable:
+            continue  # freeing it would not help this job
+        gpn = max((n.capabilities.gpu_count for n in usable), default=1)
+        scored.append(
+            (preemption_cost(v, now, gpn, policy), v.spec.preemption_class, v.id, len(usable))
+        )
+    # cheapest first; at equal cost the lower class goes first
+    scored.sort()
+    victims: list[str] = []
+    for _cost, _cls, vid, freed in scored:
+        if len(victims) >= policy.max_victims:
+            break
+        victims.append(vid)
+        need -= freed
+        if need <= 0:
+            return victims
+    return None

@@ -1,0 +1,809 @@
+"""GreedyTopologyAwareBackfill: the HPC solver of the specification's Scheduling Algorithm.
+
+Pure (no clock, no I/O): the caller passes ``now``, the pending queue, the nodes, the
+allocations holding nodes, and the cost function as a plain callable (``score``), so
+this module does not depend on how f1..f9 are computed.
+
+1. Sort pending allocations by ``score`` descending (ties: preemption class
+   descending, original submit time, id).
+2. For each, in that order:
+
+   a. hard tenant quotas (``max_nodes``, ``max_concurrent_allocations``), counting the
+      allocations holding nodes and those placed earlier in this cycle (as
+      ``placement.plan_cycle``);
+   b. **filter**: nodes Ready, unowned, enabled, whose home vCluster is "" or this one,
+      meeting every hard constraint (``gpu_type``, ``gpu_count``, ``features``,
+      ``memory_gb``, ``require_unified_memory``; CXL memory counts towards
+      ``memory_gb`` only with ``allow_cxl_memory``). Matching is done once per
+      capability *signature*, not per node;
+   c. **select** exactly ``spec.nodes`` of them: packed into the fewest dragonfly groups
+      (one group whenever one holds the job; otherwise the minimum number of groups,
+      preferring a run of adjacent groups), then from the largest conformance group
+      (hard with ``require_conformance``: a single conformance group or nothing).
+      ``topology: "tight"`` makes the packing hard: the job waits until it can be
+      placed in as few groups as the idle cluster would allow it (the *ideal span*)
+      instead of spreading over more. ``topology: "any"`` relaxes packing: the largest
+      conformance group first, group span second;
+   d. if selected: a proposal; otherwise a pending reason and, for one of the first
+      ``backfill_depth`` allocations blocked for capacity, a **reservation**.
+
+Backfill rule: *depth-bounded conservative backfill*. Each of the first
+``backfill_depth`` blocked allocations (in score order) gets a reservation: the
+earliest time its selection rule (c) can be met with nodes available by then, and
+the node set, computed from the expected end of the allocations holding nodes
+(``started_at + walltime_seconds``; never for unbounded ones or for nodes that are not
+Ready), of the proposals made earlier in the cycle, and of the earlier reservations
+(a reserved node counts as busy until that reservation's end). A lower-scored
+allocation may start now only on free nodes AND, for every reservation whose start
+is before the allocation's own expected end, not on any node of that reservation
+(an allocation without walltime never ends, so it avoids every reserved node). So
+none of the reserved allocations is delayed. ``backfill_depth=1`` is EASY backfill
+(only the top blocked allocation is protected); ``0`` turns reservations off (plain
+greedy first fit, the foundation's behaviour); allocations blocked beyond the depth
+get no reservation and no protection.
+
+Constraint flags. ``Constraints`` has no fields yet for the memory-topology and
+conformance hints; they are read from ``constraints.features`` by
+:func:`constraint_flags` and are *not* required as node features:
+
+===========================  =========  ==================================================
+flag in constraints.features kind       effect
+===========================  =========  ==================================================
+``require_unified_memory``   hard       only nodes with a unified CPU-GPU memory domain
+                                        (node feature ``unified_memory``, or GH200/MI300A)
+``allow_cxl_memory``         opt-in     ``memory_gb`` may be met with local + CXL memory
+                                        (node feature ``cxl_memory_gb=<N>``)
+``require_conformance``      hard       all nodes share one conformance fingerprint (nodes
+                                        without one never qualify for multi-node jobs)
+``prefer_same_numa``         soft       single-NUMA / unified nodes first within a chosen
+``prefer_local_memory``                 group; reported as ``memory_locality``
+===========================  =========  ==================================================
+
+Power budget: optional ``power_headroom_kw`` (what the cycle may add) with per-node
+draws ``node_power_kw``; a selection that would exceed it waits with
+"waiting for power budget headroom" (no reservation).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right, insort
+from collections.abc import Callable, Iterable, Mapping
+from typing import Literal
+
+import msgspec
+from lattice_common.types import (
+    HOLDING_STATES,
+    Allocation,
+    AllocationSpec,
+    AllocationState,
+    Node,
+    NodeState,
+    Tenant,
+)
+
+from lattice_scheduler.topology import (
+    UNUSABLE_STATES,
+    Signature,
+    TopologyModel,
+    fewest_groups,
+    min_groups,
+)
+
+INF = math.inf
+
+FLAG_REQUIRE_UNIFIED_MEMORY = "require_unified_memory"
+FLAG_ALLOW_CXL_MEMORY = "allow_cxl_memory"
+FLAG_REQUIRE_CONFORMANCE = "require_conformance"
+FLAG_PREFER_SAME_NUMA = "prefer_same_numa"
+FLAG_PREFER_LOCAL_MEMORY = "prefer_local_memory"
+SOLVER_FLAGS = frozenset(
+    {
+        FLAG_REQUIRE_UNIFIED_MEMORY,
+        FLAG_ALLOW_CXL_MEMORY,
+        FLAG_REQUIRE_CONFORMANCE,
+        FLAG_PREFER_SAME_NUMA,
+        FLAG_PREFER_LOCAL_MEMORY,
+    }
+)
+
+REASON_QUOTA = "waiting for quota headroom"
+REASON_NO_MATCH = "no nodes matching constraints"
+REASON_OCCUPIED = "all suitable nodes occupied"
+REASON_CONFORMANCE = "insufficient conformance group"
+REASON_POWER = "waiting for power budget headroom"
+
+Conf = str | None  # conformance fingerprint; None = unknown (a group of one per node)
+Plan = dict[int, dict[Conf, int]]  # group -> conformance -> node count
+Mode = Literal["pack", "tight", "any"]
+
+
+class Proposal(msgspec.Struct, frozen=True):
+    allocation_id: str
+    node_ids: tuple[str, ...]
+    groups_spanned: int = 1
+    conformance_fitness: float = 1.0  # f9: largest conformance group among nodes / nodes
+    backfilled: bool = False  # started while a higher-scored allocation was blocked
+    memory_locality: float = 1.0  # share of nodes with one memory domain
+    score: float = 0.0
+
+
+class Reservation(msgspec.Struct, frozen=True):
+    allocation_id: str
+    start_time: float
+    node_ids: tuple[str, ...]
+    end_time: float = INF  # start + walltime; inf for allocations without walltime
+
+
+class Pending(msgspec.Struct, frozen=True):
+    """Why an allocation was not placed this cycle (same shape as placement.Pending)."""
+
+    allocation_id: str
+    reason: str
+
+
+class SolveResult(msgspec.Struct):
+    proposals: list[Proposal]
+    reservations: list[Reservation]
+    pending: list[Pending]
+    scores: dict[str, float] = msgspec.field(default_factory=dict)
+
+    @property
+    def reasons(self) -> dict[str, str]:
+        return {p.allocation_id: p.reason for p in self.pending}
+
+
+def constraint_flags(spec: AllocationSpec) -> frozenset[str]:
+    """The solver flags an allocation asks for (see the module docstring); they live in
+    ``constraints.features`` until ``Constraints`` has fields for them."""
+    feats = spec.constraints.features
+    if not feats:
+        return frozenset()
+    return frozenset(f for f in feats if f in SOLVER_FLAGS)
+
+
+def signature_matches(
+    sig: Signature,
+    *,
+    gpu_type: str = "",
+    gpu_count: int = 0,
+    memory_gb: int = 0,
+    features: frozenset[str] = frozenset(),
+    require_unified_memory: bool = False,
+    allow_cxl_memory: bool = False,
+) -> bool:
+    """The hard filter, for one capability signature (``gpu_type`` lower-cased)."""
+    if gpu_type and sig.gpu_type != gpu_type:
+        return False
+    if gpu_count and sig.gpu_count < gpu_count:
+        return False
+    if memory_gb:
+        mem = sig.memory_gb + (sig.cxl_memory_gb if allow_cxl_memory else 0)
+        if mem < memory_gb:
+            return False
+    if features and not features <= sig.features:
+        return False
+    return not (require_unified_memory and not sig.unified_memory)
+
+
+def node_satisfies(node: Node, spec: AllocationSpec) -> bool:
+    """Every hard constraint of ``spec`` holds on ``node`` (capabilities only)."""
+    caps = node.capabilities
+    return signature_matches(
+        Signature.of(caps.gpu_type, caps.gpu_count, caps.memory_gb, caps.features),
+        **_filter_kwargs(spec),
+    )
+
+
+def _filter_kwargs(spec: AllocationSpec) -> dict[str, object]:
+    c = spec.constraints
+    flags = constraint_flags(spec)
+    return {
+        "gpu_type": c.gpu_type.lower(),
+        "gpu_count": c.gpu_count,
+        "memory_gb": c.memory_gb,
+        "features": frozenset(f for f in c.features if f not in SOLVER_FLAGS),
+        "require_unified_memory": FLAG_REQUIRE_UNIFIED_MEMORY in flags,
+        "allow_cxl_memory": FLAG_ALLOW_CXL_MEMORY in flags,
+    }
+
+
+# --- selection over counts ------------------------------------------------------------
+
+
+def _conf_key(c: Conf) -> tuple[bool, str]:
+    return (c is None, c or "")
+
+
+def _fill(order: Iterable[tuple[int, Conf, int]], k: int) -> Plan:
+    plan: Plan = {}
+    need = k
+    for g, c, n in order:
+        if need <= 0:
+            break
+        take = n if n < need else need
+        if take > 0:
+            plan.setdefault(g, {})[c] = plan.get(g, {}).get(c, 0) + take
+            need -= take
+    return plan
+
+
+def choose(
+    by_group: Mapping[int, Mapping[Conf, int]],
+    totals: Mapping[int, int],
+    total: int,
+    k: int,
+    *,
+    mode: Mode = "pack",
+    require_conformance: bool = False,
+    max_span: int | None = None,
+) -> Plan | None:
+    """How many nodes to take from each (group, conformance group) cell, given the
+    candidate counts per cell; None when rule (c) of the module docstring cannot be met.
+    ``max_span`` bounds the groups used ("tight")."""
+    if total < k or k <= 0:
+        return None
+    if k == 1:
+        # Conformance and span are trivial: the tightest group, and in it the smallest
+        # conformance group (fragments first, keeping large homogeneous sets whole).
+        g = min((t, g) for g, t in totals.items() if t > 0)[1]
+        per = by_group[g]
+        c = min((c for c, n in per.items() if n > 0), key=lambda c: (per[c], *_conf_key(c)))
+        return {g: {c: 1}}
+    if require_conformance:
+        return _choose_conformant(by_group, k, mode, max_span)
+    if mode == "any":
+        return _choose_any(by_group, k)
+    fitting = [g for g, t in totals.items() if t >= k]
+    if fitting:
+
+        def single_key(g: int) -> tuple[int, int, int]:
+            best = 0
+            for c, n in by_group[g].items():
+                size = n if c is not None else 1
+                if size > best:
+                    best = size
+            return (-min(best, k), totals[g], g)
+
+        g = min(fitting, key=single_key)
+        per = by_group[g]
+        confs = sorted(per, key=lambda c: (-(per[c] if c is not None else 1), *_conf_key(c)))
+        return _fill(((g, c, per[c]) for c in confs), k)
+    groups = fewest_groups(totals, k, max_span=max_span)
+    if groups is None:
+        return None
+    within: dict[Conf, int] = {}
+    for g in groups:
+        for c, n in by_group[g].items():
+            within[c] = within.get(c, 0) + n
+    confs = sorted(within, key=lambda c: (c is None, -within[c], c or ""))
+    return _fill(((g, c, by_group[g].get(c, 0)) for c in confs for g in groups), k)
+
+
+def _conf_totals(by_group: Mapping[int, Mapping[Conf, int]]) -> dict[str, int]:
+    ct: dict[str, int] = {}
+    for per in by_group.values():
+        for c, n in per.items():
+            if c is not None:
+                ct[c] = ct.get(c, 0) + n
+    return ct
+
+
+def _choose_conformant(
+    by_group: Mapping[int, Mapping[Conf, int]], k: int, mode: Mode, max_span: int | None
+) -> Plan | None:
+    ct = _conf_totals(by_group)
+    best: tuple[tuple[object, ...], str, dict[int, int], list[int]] | None = None
+    for c in sorted(x for x, n in ct.items() if n >= k):
+        cg = {g: per[c] for g, per in by_group.items() if per.get(c)}
+        if mode == "any":
+            groups = sorted(cg, key=lambda g: (-cg[g], g))
+            key: tuple[object, ...] = (-ct[c], c)
+        else:
+            found = fewest_groups(cg, k, max_span=max_span)
+            if found is None:
+                continue
+            groups = found
+            key = (len(groups), -ct[c], c)
+        if best is None or key < best[0]:
+            best = (key, c, cg, groups)
+    if best is None:
+        return None
+    _, c, cg, groups = best
+    return _fill(((g, c, cg[g]) for g in groups), k)
+
+
+def _choose_any(by_group: Mapping[int, Mapping[Conf, int]], k: int) -> Plan | None:
+    ct = _conf_totals(by_group)
+    fits = [c for c, n in ct.items() if n >= k]
+    if fits:
+        c = min(fits, key=lambda c: (-ct[c], c))
+        cg = {g: per[c] for g, per in by_group.items() if per.get(c)}
+        groups = fewest_groups(cg, k) or []
+        return _fill(((g, c, cg[g]) for g in groups), k)
+    order: list[tuple[int, Conf, int]] = []
+    for c in sorted(ct, key=lambda c: (-ct[c], c)):
+        cells = [(g, per[c]) for g, per in by_group.items() if per.get(c)]
+        order.extend((g, c, n) for g, n in sorted(cells, key=lambda x: (-x[1], x[0])))
+    unknown = [(g, per[None]) for g, per in by_group.items() if per.get(None)]
+    order.extend((g, None, n) for g, n in sorted(unknown, key=lambda x: (-x[1], x[0])))
+    plan = _fill(order, k)
+    return plan if sum(sum(p.values()) for p in plan.values()) == k else None
+
+
+def plan_fitness(plan: Plan, k: int) -> tuple[int, float]:
+    """(groups spanned, f9 conformance fitness) of a plan for ``k`` nodes."""
+    per_conf: dict[str, int] = {}
+    unknown = 0
+    for per in plan.values():
+        for c, n in per.items():
+            if c is None:
+                unknown += n
+            else:
+                per_conf[c] = per_conf.get(c, 0) + n
+    largest = max(per_conf.values(), default=0)
+    if largest == 0 and unknown:
+        largest = 1
+    return sum(1 for per in plan.values() if any(per.values())), (
+        min(1.0, largest / k) if k else 1.0
+    )
+
+
+# --- the per-cycle index --------------------------------------------------------------
+
+
+class _View:
+    """Free candidate counts for one constraint key, kept current as nodes are taken."""
+
+    __slots__ = (
+        "agg",
+        "free_total",
+        "ideal",
+        "nodes",
+        "sig_order",
+        "sigs",
+        "tot",
+        "usable_by_conf",
+        "usable_by_group",
+        "usable_total",
+    )
+
+    def __init__(self, sigs: list[int], sig_order: list[int]) -> None:
+        self.sigs = frozenset(sigs)
+        self.sig_order = sig_order
+        self.agg: dict[float, dict[int, dict[Conf, int]]] = {}
+        self.tot: dict[float, dict[int, int]] = {}
+        self.free_total: dict[float, int] = {}
+        self.usable_by_group: dict[int, int] = {}
+        self.usable_by_conf: dict[str, dict[int, int]] = {}
+        self.usable_total = 0
+        self.ideal: dict[bool, int | None] = {}
+        self.nodes: list[tuple[str, int, Conf]] = []
+
+    def add(self, tier: float, g: int, c: Conf, n: int) -> None:
+        by_group = self.agg.get(tier)
+        if by_group is None:
+            by_group = self.agg[tier] = {}
+            self.tot[tier] = {}
+            self.free_total[tier] = 0
+        per = by_group.get(g)
+        if per is None:
+            per = by_group[g] = {}
+        left = per.get(c, 0) + n
+        if left:
+            per[c] = left
+        else:
+            del per[c]
+            if not per:
+                del by_group[g]
+        tot = self.tot[tier]
+        left = tot.get(g, 0) + n
+        if left:
+            tot[g] = left
+        else:
+            del tot[g]
+        self.free_total[tier] += n
+
+    def ideal_span(self, require_conformance: bool, k: int) -> int | None:
+        """Fewest groups the job could use if every usable matching node were free."""
+        if require_conformance and k > 1:
+            spans = [
+                m for per in self.usable_by_conf.values() if (m := min_groups(per, k)) is not None
+            ]
+            return min(spans, default=None)
+        return min_groups(self.usable_by_group, k)
+
+
+class _Cycle:
+    def __init__(
+        self,
+        topo: TopologyModel,
+        running: Iterable[Allocation],
+        *,
+        now: float,
+        vcluster: str,
+    ) -> None:
+        self.topo = topo
+        self.now = now
+        self.sigs = topo.signatures
+        # free[tier][(group, conf)][sig] -> sorted free node ids; tier = the earliest start
+        # of a reservation holding the node, INF when none holds it
+        self.free: dict[float, dict[tuple[int, Conf], dict[int, list[str]]]] = {INF: {}}
+        self.loc: dict[str, tuple[float, int, Conf, int]] = {}  # free node -> its cell
+        self.avail: dict[str, float] = {}  # usable node -> when it can be used
+        self.sig_nodes: dict[int, list[tuple[str, int, Conf]]] = {}
+        self.usable_cells: dict[int, dict[tuple[int, Conf], int]] = {}
+        self.views: dict[tuple[object, ...], _View] = {}
+        self.sig_views: dict[int, list[_View]] = {}
+        self.used_nodes: dict[str, int] = {}
+        self.used_allocs: dict[str, int] = {}
+
+        ends: dict[str, float] = {}
+        for a in running:
+            if a.state not in HOLDING_STATES:
+                continue
+            t = a.spec.tenant
+            self.used_nodes[t] = self.used_nodes.get(t, 0) + len(a.assigned_nodes)
+            self.used_allocs[t] = self.used_allocs.get(t, 0) + 1
+            w = a.spec.walltime_seconds
+            if w > 0:
+                start = a.started_at if a.started_at is not None else now
+                ends[a.id] = max(now, start + w)
+
+        main = self.free[INF]
+        ready = NodeState.READY
+        node_sig = topo.node_signature
+        for nid, n in topo.nodes.items():  # sorted by id
+            home = n.home_vcluster
+            if (home and home != vcluster) or n.disabled or n.state in UNUSABLE_STATES:
+                continue
+            g = n.group
+            c: Conf = n.conformance_group or None
+            s = node_sig[nid]
+            cell = (g, c)
+            nodes_of_sig = self.sig_nodes.get(s)
+            if nodes_of_sig is None:
+                nodes_of_sig = self.sig_nodes[s] = []
+                self.usable_cells[s] = {}
+            nodes_of_sig.append((nid, g, c))
+            uc = self.usable_cells[s]
+            uc[cell] = uc.get(cell, 0) + 1
+            if n.state != ready:
+                self.avail[nid] = INF
+            elif n.owner:
+                self.avail[nid] = ends.get(n.owner, INF)
+            else:
+                self.avail[nid] = now
+                per_sig = main.get(cell)
+                if per_sig is None:
+                    per_sig = main[cell] = {}
+                lst = per_sig.get(s)
+                if lst is None:
+                    lst = per_sig[s] = []
+                lst.append(nid)
+                self.loc[nid] = (INF, g, c, s)
+
+    # views ------------------------------------------------------------------------------
+
+    def view(self, spec: AllocationSpec, flags: frozenset[str]) -> _View:
+        kw = _filter_kwargs(spec)
+        numa = FLAG_PREFER_SAME_NUMA in flags or FLAG_PREFER_LOCAL_MEMORY in flags
+        key = (*kw.values(), numa)
+        v = self.views.get(key)
+        if v is not None:
+            return v
+        sigs = [
+            s
+            for s, sig in enumerate(self.sigs)
+            if s in self.sig_nodes and signature_matches(sig, **kw)  # type: ignore[arg-type]
+        ]
+
+        def order(s: int) -> tuple[object, ...]:
+            sig = self.sigs[s]
+            return (not sig.numa_local if numa else False, *sig.sort_key(), s)
+
+        v = _View(sigs, sorted(sigs, key=order))
+        for tier, cells in self.free.items():
+            for (g, c), per_sig in cells.items():
+                n = 0
+                for s, lst in per_sig.items():
+                    if s in v.sigs:
+                        n += len(lst)
+                if n:
+                    v.add(tier, g, c, n)
+        for s in sigs:
+            for (g, c), n in self.usable_cells[s].items():
+                v.usable_by_group[g] = v.usable_by_group.get(g, 0) + n
+                v.usable_total += n
+                if c is not None:
+                    per = v.usable_by_conf.setdefault(c, {})
+                    per[g] = per.get(g, 0) + n
+            self.sig_views.setdefault(s, []).append(v)
+            v.nodes.extend(self.sig_nodes[s])
+        self.views[key] = v
+        return v
+
+    def candidates(
+        self, v: _View, end: float
+    ) -> tuple[Mapping[int, Mapping[Conf, int]], Mapping[int, int], int, list[float]]:
+        """Free candidate counts usable by a job ending at ``end``: unreserved nodes and
+        nodes whose reservations all start at or after ``end``."""
+        tiers = [t for t, n in v.free_total.items() if n > 0 and t >= end]
+        if not tiers:
+            return {}, {}, 0, [INF]
+        tiers.sort(reverse=True)  # unreserved first, then the latest reservations
+        if len(tiers) == 1:
+            t = tiers[0]
+            return v.agg[t], v.tot[t], v.free_total[t], tiers
+        by_group: dict[int, dict[Conf, int]] = {}
+        totals: dict[int, int] = {}
+        total = 0
+        for t in tiers:
+            for g, per in v.agg[t].items():
+                dst = by_group.setdefault(g, {})
+                for c, n in per.items():
+                    dst[c] = dst.get(c, 0) + n
+            for g, n in v.tot[t].items():
+                totals[g] = totals.get(g, 0) + n
+            total += v.free_total[t]
+        return by_group, totals, total, tiers
+
+    # taking and reserving -----------------------------------------------------------------
+
+    def take(
+        self, v: _View, plan: Plan, tiers: list[float]
+    ) -> list[tuple[str, tuple[float, int, Conf, int]]]:
+        """Remove the planned nodes from the free index: (node id, where it was)."""
+        out: list[tuple[str, tuple[float, int, Conf, int]]] = []
+        for g, per in plan.items():
+            for c, want in per.items():
+                need = want
+                for tier in tiers:
+                    per_sig = self.free[tier].get((g, c))
+                    if not per_sig:
+                        continue
+                    for s in v.sig_order:
+                        lst = per_sig.get(s)
+                        if not lst:
+                            continue
+                        n = need if need < len(lst) else len(lst)
+                        got = lst[:n]
+                        del lst[:n]
+                        loc = self.loc
+                        for nid in got:
+                            out.append((nid, loc.pop(nid)))
+                        for w in self.sig_views.get(s, ()):
+                            w.add(tier, g, c, -n)
+                        need -= n
+                        if not need:
+                            break
+                    if not need:
+                        break
+                if need:  # pragma: no cover - counts and lists disagree
+                    raise AssertionError(f"free index out of sync at group {g}, {c!r}")
+        return out
+
+    def put_back(self, nodes: Iterable[tuple[str, tuple[float, int, Conf, int]]]) -> None:
+        for nid, loc in nodes:
+            self._insert(nid, loc)
+
+    def _insert(self, nid: str, loc: tuple[float, int, Conf, int]) -> None:
+        tier, g, c, s = loc
+        cells = self.free.setdefault(tier, {})
+        insort(cells.setdefault((g, c), {}).setdefault(s, []), nid)
+        self.loc[nid] = loc
+        for w in self.sig_views.get(s, ()):
+            w.add(tier, g, c, 1)
+
+    def occupy(self, nodes: Iterable[str], until: float) -> None:
+        for nid in nodes:
+            if self.avail[nid] < until:
+                self.avail[nid] = until
+
+    def reserve(
+        self, v: _View, k: int, *, mode: Mode, require_conformance: bool, max_span: int | None
+    ) -> tuple[float, list[str]] | None:
+        """Earliest start and node set for a blocked job, or None if never (by the
+        expected ends known now)."""
+        cells: dict[tuple[int, Conf], list[tuple[float, str]]] = {}
+        avail = self.avail
+        for nid, g, c in v.nodes:
+            t = avail[nid]
+            if t != INF:
+                lst = cells.get((g, c))
+                if lst is None:
+                    lst = cells[(g, c)] = []
+                lst.append((t, nid))
+        if not cells:
+            return None
+        times_of: dict[tuple[int, Conf], list[float]] = {}
+        distinct: set[float] = set()
+        for cell, lst in cells.items():
+            lst.sort()
+            ts = [t for t, _ in lst]
+            times_of[cell] = ts
+            distinct.update(ts)
+        times = sorted(distinct)
+
+        def plan_at(t: float) -> Plan | None:
+            by_group: dict[int, dict[Conf, int]] = {}
+            totals: dict[int, int] = {}
+            total = 0
+            for (g, c), ts in times_of.items():
+                n = bisect_right(ts, t)
+                if n:
+                    by_group.setdefault(g, {})[c] = n
+                    totals[g] = totals.get(g, 0) + n
+                    total += n
+            return choose(
+                by_group,
+                totals,
+                total,
+                k,
+                mode=mode,
+                require_conformance=require_conformance,
+                max_span=max_span,
+            )
+
+        if plan_at(times[-1]) is None:
+            return None
+        lo, hi = 0, len(times) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if plan_at(times[mid]) is not None:
+                hi = mid
+            else:
+                lo = mid + 1
+        start = times[lo]
+        plan = plan_at(start)
+        assert plan is not None
+        chosen: list[str] = []
+        for g, per in plan.items():
+            for c, n in per.items():
+                chosen.extend(nid for _, nid in cells[(g, c)][:n])
+        return start, chosen
+
+    def hold_for(self, nodes: list[str], start: float, end: float) -> None:
+        """Record a reservation: its nodes are busy until ``end`` for later reservations,
+        and free ones move to the tier of the earliest reservation holding them."""
+        self.occupy(nodes, end)
+        for nid in nodes:
+            loc = self.loc.get(nid)
+            if loc is None or loc[0] <= start:
+                continue
+            tier, g, c, s = loc
+            self.free[tier][(g, c)][s].remove(nid)
+            del self.loc[nid]
+            for w in self.sig_views.get(s, ()):
+                w.add(tier, g, c, -1)
+            self._insert(nid, (start, g, c, s))
+
+
+# --- the solver -----------------------------------------------------------------------
+
+
+def solve(
+    pending: Iterable[Allocation],
+    nodes: Mapping[str, Node] | Iterable[Node],
+    running: Iterable[Allocation] = (),
+    *,
+    score: Callable[[Allocation], float],
+    now: float,
+    backfill_depth: int = 10,
+    vcluster: str = "",
+    tenants: Mapping[str, Tenant] | None = None,
+    exclude: Iterable[str] = (),
+    topology: TopologyModel | None = None,
+    power_headroom_kw: float | None = None,
+    node_power_kw: Mapping[str, float] | None = None,
+) -> SolveResult:
+    """One scheduling decision for one vCluster (see the module docstring).
+
+    ``pending``: allocations to consider (those not Pending, in ``exclude``, or of another
+    vCluster when ``vcluster`` is set are skipped). ``nodes``: every node (the mirror's
+    dict). ``running``: the allocations holding nodes (any vCluster): quota usage and
+    expected node release times. ``score``: the cost function, called once per
+    allocation. ``topology``: a model built this cycle (built here when omitted).
+    """
+    skip = set(exclude)
+    queue = [
+        a
+        for a in pending
+        if a.state == AllocationState.PENDING
+        and a.id not in skip
+        and (not vcluster or a.spec.vcluster == vcluster)
+    ]
+    scores = {a.id: float(score(a)) for a in queue}
+    queue.sort(key=lambda a: (-scores[a.id], -a.spec.preemption_class, a.submitted_at, a.id))
+    result = SolveResult(proposals=[], reservations=[], pending=[], scores=scores)
+    if not queue:
+        return result
+    topo = topology if topology is not None else TopologyModel.from_nodes(nodes)
+    cyc = _Cycle(topo, running, now=now, vcluster=vcluster)
+    tenants = tenants or {}
+    headroom = power_headroom_kw
+    power = node_power_kw or {}
+    depth_left = max(0, backfill_depth)
+    blocked_above = False
+    now_ = now
+
+    for a in queue:
+        spec = a.spec
+        k = max(1, spec.nodes)
+        tname = spec.tenant
+        t = tenants.get(tname)
+        if t is not None and (
+            (t.max_nodes is not None and cyc.used_nodes.get(tname, 0) + k > t.max_nodes)
+            or (
+                t.max_concurrent_allocations is not None
+                and cyc.used_allocs.get(tname, 0) + 1 > t.max_concurrent_allocations
+            )
+        ):
+            result.pending.append(Pending(a.id, REASON_QUOTA))
+            continue
+        flags = constraint_flags(spec)
+        v = cyc.view(spec, flags)
+        if v.usable_total < k:
+            result.pending.append(Pending(a.id, REASON_NO_MATCH))
+            continue
+        need_conf = FLAG_REQUIRE_CONFORMANCE in flags and k > 1
+        if need_conf and max((sum(p.values()) for p in v.usable_by_conf.values()), default=0) < k:
+            result.pending.append(Pending(a.id, REASON_CONFORMANCE))
+            continue
+        topo_hint = spec.constraints.topology
+        mode: Mode = "any" if topo_hint == "any" else "tight" if topo_hint == "tight" else "pack"
+        max_span = None
+        if mode == "tight":
+            max_span = v.ideal.get(need_conf)
+            if need_conf not in v.ideal:
+                max_span = v.ideal[need_conf] = v.ideal_span(need_conf, k)
+        w = spec.walltime_seconds
+        end = now_ + w if w > 0 else INF
+        by_group, totals, total, tiers = cyc.candidates(v, end)
+        plan = choose(
+            by_group,
+            totals,
+            total,
+            k,
+            mode=mode,
+            require_conformance=need_conf,
+            max_span=max_span,
+        )
+        if plan is not None:
+            taken = cyc.take(v, plan, tiers)
+            chosen = [nid for nid, _ in taken]
+            if headroom is not None:
+                draw = sum(power.get(n, 0.0) for n in chosen)
+                if draw > headroom:
+                    cyc.put_back(taken)
+                    result.pending.append(Pending(a.id, REASON_POWER))
+                    continue
+                headroom -= draw
+            cyc.occupy(chosen, end)
+            cyc.used_nodes[tname] = cyc.used_nodes.get(tname, 0) + k
+            cyc.used_allocs[tname] = cyc.used_allocs.get(tname, 0) + 1
+            spanned, fitness = plan_fitness(plan, k)
+            local = sum(1 for n in chosen if topo.signature(n).numa_local)
+            result.proposals.append(
+                Proposal(
+                    allocation_id=a.id,
+                    node_ids=tuple(chosen),
+                    groups_spanned=spanned,
+                    conformance_fitness=fitness,
+                    backfilled=blocked_above,
+                    memory_locality=local / k,
+                    score=scores[a.id],
+                )
+            )
+            continue
+        result.pending.append(Pending(a.id, REASON_OCCUPIED))
+        blocked_above = True
+        if depth_left > 0:
+            found = cyc.reserve(v, k, mode=mode, require_conformance=need_conf, max_span=max_span)
+            if found is not None:
+                depth_left -= 1
+                start, reserved = found
+                r_end = start + w if w > 0 else INF
+                cyc.hold_for(reserved, start, r_end)
+                result.reservations.append(Reservation(a.id, start, tuple(reserved), r_end))
+    return result
