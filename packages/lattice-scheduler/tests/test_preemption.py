@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from lattice_common.types import AllocationState
 from lattice_scheduler.preemption import PreemptionPolicy, is_candidate, select_victims
 from lattice_test_harness import builders as b
