@@ -242,6 +242,7 @@ def test_unreachable_is_a_clean_error(clean_env: Any, monkeypatch: pytest.Monkey
 
 def test_render_helpers() -> None:
     assert hours(1234.5) == "1,234.50" and hours(None) == "—" and hours(True) == "—"
+    assert hours(0.0001) == "<0.01" and hours(0) == "0.00" and hours(0.006) == "0.01"
     assert percent(0.5) == "50.0%" and percent(None) == "—"
     no_budget = {
         **TENANT,

@@ -97,6 +97,9 @@ def _allocation() -> types.Allocation:
         preempted_count=2,
         preempted_by="b2c3d4e5",
         resume_from_checkpoint=True,
+        task_group_id="c0ffee01",
+        task_index=7,
+        task_group_concurrency=20,
         revision=2**40 + 7,  # beyond 32 bits on purpose
     )
 

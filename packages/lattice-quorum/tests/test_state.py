@@ -1299,3 +1299,30 @@ def test_checkpointing_allocation_cannot_be_preempted_again() -> None:
     boss = submit(s, preemption_class=8)
     ok(s, c.PreemptAllocation(allocation_id=victim, preemptor_id=boss))
     rejected(s, c.PreemptAllocation(allocation_id=victim, preemptor_id=boss), "invalid_transition")
+
+
+# --- task groups -----------------------------------------------------------------------
+
+
+def test_task_group_creates_one_allocation_per_index() -> None:
+    s = world()
+    res = ok(
+        s, c.SubmitTaskGroup(spec=b.spec("run --i=${INDEX}"), start=0, end=9, step=3, concurrency=2)
+    )
+    tasks = res.allocations or []
+    assert [t.task_index for t in tasks] == [0, 3, 6, 9]
+    assert all(
+        t.task_group_id == res.task_group_id and t.task_group_concurrency == 2 for t in tasks
+    )
+    assert tasks[1].spec.entrypoint == "run --i=3"
+    assert tasks[1].spec.env["LATTICE_TASK_INDEX"] == "3"
+    assert len({t.id for t in tasks} | {res.task_group_id}) == 5
+
+
+def test_task_group_is_idempotent_and_validated() -> None:
+    s = world()
+    spec = b.spec(request_id="rq-1")
+    first = ok(s, c.SubmitTaskGroup(spec=spec, start=0, end=2))
+    again = ok(s, c.SubmitTaskGroup(spec=spec, start=0, end=2))
+    assert again.task_group_id == first.task_group_id and len(s.allocations) == 3
+    rejected(s, c.SubmitTaskGroup(spec=b.spec(), start=5, end=1), "invalid_argument")

@@ -119,10 +119,24 @@ class AllocationService(v1.AllocationServiceBase):
         self.logs = logs
 
     async def submit(self, message: v1.SubmitRequest) -> v1.SubmitResponse:
+        if message.task_group is not None and message.task_group.template is not None:
+            tg = message.task_group
+            body = tg.template.to_dict(casing=msgspec_casing(), output_format=_py())
+            body["task_group"] = {
+                "start": tg.range_start,
+                "end": tg.range_end,
+                "step": tg.step or 1,
+                "concurrency": tg.concurrency,
+            }
+            res = await self.svc.submit_task_group(who(), body)
+            tasks = res.allocations or []
+            return v1.SubmitResponse(
+                allocation_ids=[a.id for a in tasks], task_group_id=res.task_group_id
+            )
         if message.allocation is None:
             raise grpclib.GRPCError(
                 Status.UNIMPLEMENTED,
-                "AllocationService.Submit: only the allocation form is implemented yet",
+                "AllocationService.Submit: the DAG form is not implemented yet",
             )
         body = message.allocation.to_dict(casing=msgspec_casing(), output_format=_py())
         a = await self.svc.submit(who(), body)

@@ -81,6 +81,7 @@ async def serve(
     )
     member.on_leadership(monitor.on_leadership)
     svc = LatticeService(member, api_addresses=api_addresses)
+    svc.budget_period_days = cfg.scheduling.budget_period_days
     logs = LogProxy(member, agent_token=agent_token)
     rest = RestApi(
         svc,

@@ -175,7 +175,20 @@ class RestApi:
     # --- allocations --------------------------------------------------------------------
 
     async def submit(self, request: web.Request) -> web.Response:
-        a = await self.svc.submit(self.who(request), await self.body(request))
+        body = await self.body(request)
+        if body.get("task_group") not in (None, ""):
+            res = await self.svc.submit_task_group(self.who(request), body)
+            tasks = res.allocations or []
+            return json_response(
+                {
+                    "task_group_id": res.task_group_id,
+                    "allocation_ids": [a.id for a in tasks],
+                    "tasks": len(tasks),
+                    "concurrency": tasks[0].task_group_concurrency if tasks else 0,
+                },
+                status=201,
+            )
+        a = await self.svc.submit(self.who(request), body)
         return json_response(a, status=201)
 
     async def list_allocations(self, request: web.Request) -> web.Response:
@@ -189,6 +202,7 @@ class RestApi:
             user=q.get("user") or None,
             all_users=q.get("all", "").lower() in ("1", "true", "yes"),
             limit=int(limit) if limit and limit.isdigit() else None,
+            task_group=q.get("task_group") or None,
         )
         return json_response({"allocations": allocs})
 

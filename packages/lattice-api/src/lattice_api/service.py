@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 from lattice_common import commands as c
 from lattice_common.errors import LatticeError, NotFound, PermissionDenied, ValidationError
+from lattice_common.taskgroup import parse_task_group
 from lattice_common.types import (
     HOLDING_STATES,
     Allocation,
@@ -44,6 +45,7 @@ class LatticeService:
         self, member: QuorumMember, *, api_addresses: dict[str, str] | None = None
     ) -> None:
         self.member = member
+        self.budget_period_days = 90  # internal budget ledger window (scheduling config)
         # raft address -> API gRPC address of that member, to point clients at the leader
         self.api_addresses = dict(api_addresses or {})
 
@@ -68,6 +70,37 @@ class LatticeService:
         assert res.allocation is not None
         return res.allocation
 
+    async def submit_task_group(self, who: Identity, body: dict[str, Any]) -> c.CommandResult:
+        """One allocation per index of ``body["task_group"]`` (``"0-99%20"`` or an object
+        with start/end/step/concurrency); returns the group id and its tasks."""
+        authorize(who, "allocation.submit")
+        tg = body.get("task_group")
+        if isinstance(tg, dict):
+            try:
+                start, end = int(tg.get("start", 0)), int(tg["end"])
+                step, conc = int(tg.get("step") or 1), int(tg.get("concurrency") or 0)
+            except (KeyError, TypeError, ValueError):
+                raise ValidationError(
+                    "task_group needs whole numbers start, end, step and concurrency",
+                    hint='e.g. {"start": 0, "end": 99, "concurrency": 20}',
+                ) from None
+            parse_task_group(f"{start}-{end}:{step}" + (f"%{conc}" if conc else ""))
+        else:
+            start, end, step, conc = parse_task_group(str(tg))
+        tenants, vclusters = self.member.read(lambda s: (set(s.tenants), set(s.vclusters)))
+        spec = validate_submission(
+            {k: v for k, v in body.items() if k != "task_group"},
+            user=who.user,
+            tenants=tenants,
+            vclusters=vclusters,
+            default_tenant=who.tenant,
+            check_names=self.member.is_leader,
+        )
+        cmd = c.SubmitTaskGroup(
+            spec=spec, start=start, end=end, step=step, concurrency=conc, now=time.time()
+        )
+        return raise_if_error(await self.member.propose(cmd))
+
     def get_allocation(self, who: Identity, alloc_id: str) -> Allocation:
         authorize(who, "allocation.read")
         self.member.require_caught_up()
@@ -89,6 +122,7 @@ class LatticeService:
         user: str | None = None,
         all_users: bool = False,
         limit: int | None = None,
+        task_group: str | None = None,
     ) -> list[Allocation]:
         authorize(who, "allocation.read")
         self.member.require_caught_up()
@@ -116,6 +150,8 @@ class LatticeService:
                 if vcluster and a.spec.vcluster != vcluster:
                     continue
                 if not all_users and user and a.spec.user != user:
+                    continue
+                if task_group and a.task_group_id != task_group:
                     continue
                 out.append(a)
             out.sort(key=lambda a: a.submitted_at)

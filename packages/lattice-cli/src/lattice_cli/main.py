@@ -383,6 +383,14 @@ def submit(
         str | None,
         typer.Option("--uenv", help="Software environment, e.g. prgenv-gnu/24.11:v1."),
     ] = None,
+    task_group: Annotated[
+        str | None,
+        typer.Option(
+            "--task-group",
+            help="Run a task group (job array): START-END[:STEP][%CONCURRENCY], e.g. 0-99%20. "
+            "Each task gets $LATTICE_TASK_INDEX.",
+        ),
+    ] = None,
     chdir: Annotated[
         str | None,
         typer.Option("--chdir", "-D", help="Working directory of the job (default: current)."),
@@ -477,6 +485,21 @@ def submit(
         emit(state, "yaml" if fmt == "yaml" else "json", spec.to_dict())
         return
 
+    if task_group:
+
+        async def go_group(client: Any) -> Any:
+            return await client.submit_task_group(spec, task_group)
+
+        group = run_api(state, go_group)
+        if fmt in ("json", "yaml"):
+            emit(state, fmt, group)
+        elif state.quiet:
+            print(group["task_group_id"])
+        else:
+            limit = f", at most {group['concurrency']} running" if group.get("concurrency") else ""
+            print(f"Submitted task group {group['task_group_id']} ({group['tasks']} tasks{limit})")
+        return
+
     async def go(client: Any) -> Any:
         return await client.submit(spec)
 
@@ -553,7 +576,16 @@ def status(
 
     async def fetch(client: Any) -> Any:
         if alloc_id:
-            return await client.status(alloc_id)
+            from lattice_sdk import LatticeNotFoundError
+
+            try:
+                return await client.status(alloc_id)
+            except LatticeNotFoundError:
+                # a task group id: show its tasks
+                tasks = await client.list_allocations(task_group=alloc_id, user=user)
+                if not tasks:
+                    raise
+                return tasks
         return await client.list_allocations(
             state=state_filter,
             tenant=tenant,
@@ -576,6 +608,8 @@ def _show_status(state: State, fmt: str, result: Any, *, single: bool, color: bo
     from lattice_cli import output
 
     now = time.time()
+    expand = single and isinstance(result, list)  # the tasks of one task group
+    single = single and not expand
     if single:
         if fmt == "wide":
             fmt = "table"
@@ -590,7 +624,7 @@ def _show_status(state: State, fmt: str, result: Any, *, single: bool, color: bo
         state,
         fmt,
         raws,
-        lambda: output.allocation_table(raws, now, wide=fmt == "wide", color=color),
+        lambda: output.allocation_table(raws, now, wide=fmt == "wide", color=color, expand=expand),
     )
 
 

@@ -214,11 +214,69 @@ def allocation_row(alloc: dict[str, Any], now: float, *, wide: bool = False) -> 
     return row
 
 
+def fold_task_groups(allocs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per task group (job array), like the specification's ``1×20`` rows:
+    NODES is nodes-per-task × tasks running (or × all tasks when none runs)."""
+    out: list[dict[str, Any]] = []
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for a in allocs:
+        gid = a.get("task_group_id") or ""
+        if not gid:
+            out.append(a)
+            continue
+        if gid not in groups:
+            groups[gid] = []
+            out.append({"_group": gid})
+        groups[gid].append(a)
+    for i, row in enumerate(out):
+        gid = row.get("_group")
+        if gid:
+            out[i] = _group_row(gid, groups[gid])
+    return out
+
+
+def _group_row(gid: str, tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    states = [t.get("state") for t in tasks]
+    if "Running" in states or "Staging" in states or "Checkpointing" in states:
+        state = "Running"
+    elif "Pending" in states or "Suspended" in states:
+        state = "Pending"
+    elif "Failed" in states:
+        state = "Failed"
+    elif all(s == "Cancelled" for s in states):
+        state = "Cancelled"
+    else:
+        state = "Completed"
+    spec = dict(tasks[0].get("spec") or {})
+    name = str(spec.get("name") or "")
+    spec["name"] = name.split("[", 1)[0] if name.endswith("]") else name
+    running = sum(1 for s in states if s in ("Running", "Staging", "Checkpointing"))
+    spec["nodes"] = f"{spec.get('nodes') or 1}×{running or len(tasks)}"
+    starts = [t["started_at"] for t in tasks if t.get("started_at")]
+    ends = [t["finished_at"] for t in tasks if t.get("finished_at")]
+    return {
+        "id": gid,
+        "spec": spec,
+        "state": state,
+        "started_at": min(starts) if starts else None,
+        "finished_at": max(ends) if ends and state not in ("Running", "Pending") else None,
+        "assigned_nodes": [n for t in tasks for n in t.get("assigned_nodes") or []],
+        "reason": f"{len(tasks)} tasks",
+    }
+
+
 def allocation_table(
-    allocs: Iterable[dict[str, Any]], now: float, *, wide: bool = False, color: bool = False
+    allocs: Iterable[dict[str, Any]],
+    now: float,
+    *,
+    wide: bool = False,
+    color: bool = False,
+    expand: bool = False,
 ) -> str:
     headers = ALLOCATION_COLUMNS + (ALLOCATION_WIDE_COLUMNS if wide else ())
-    rows = [allocation_row(a, now, wide=wide) for a in allocs]
+    rows = [
+        allocation_row(a, now, wide=wide) for a in (allocs if expand else fold_task_groups(allocs))
+    ]
     return render_table(headers, rows, color_column="STATE", color=color)
 
 

@@ -118,8 +118,11 @@ def _num(value: Any) -> bool:
 
 
 def hours(value: Any) -> str:
-    """Hours with two decimals and thousands separators: ``1,234.50``."""
-    return f"{value:,.2f}" if _num(value) else DASH
+    """Hours with two decimals and thousands separators: ``1,234.50``; ``<0.01`` for a
+    little more than nothing (a few seconds of work)."""
+    if not _num(value):
+        return DASH
+    return "<0.01" if 0 < value < 0.005 else f"{value:,.2f}"
 
 
 def percent(value: Any) -> str:

@@ -44,6 +44,17 @@ class SubmitAllocation(Command, tag="submit_allocation"):
     spec: AllocationSpec
 
 
+class SubmitTaskGroup(Command, tag="submit_task_group"):
+    """A task group (job array): one allocation per index in range(start, end + 1, step),
+    each with LATTICE_TASK_INDEX set and ``${INDEX}`` in the entrypoint replaced."""
+
+    spec: AllocationSpec
+    start: int
+    end: int
+    step: int = 1
+    concurrency: int = 0
+
+
 class AssignNodes(Command, tag="assign_nodes"):
     """Give ``node_ids`` exclusively to a pending allocation.
 
@@ -144,6 +155,7 @@ class Batch(Command, tag="batch"):
 AnyCommand = (
     RegisterNode
     | SubmitAllocation
+    | SubmitTaskGroup
     | AssignNodes
     | UpdateAllocationState
     | CancelAllocation
@@ -183,6 +195,8 @@ class CommandResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     tenant: Tenant | None = None
     vcluster: VCluster | None = None
     results: list[CommandResult] | None = None  # for Batch
+    task_group_id: str = ""  # for SubmitTaskGroup
+    allocations: list[Allocation] | None = None  # for SubmitTaskGroup
 
 
 _result_encoder = msgspec.msgpack.Encoder()
@@ -216,6 +230,7 @@ __all__ = [
     "SchedulerType",
     "SetNodeHealth",
     "SubmitAllocation",
+    "SubmitTaskGroup",
     "UndrainNode",
     "UpdateAllocationState",
     "UpdateTenant",

@@ -253,6 +253,9 @@ class SchedulingConfig(_Section):
     scaling_evaluation_interval_seconds: float = Field(
         default=60.0, gt=0, description="reactive allocations' metric evaluation interval"
     )
+    budget_period_days: int = Field(
+        default=90, ge=1, le=3650, description="rolling window of the internal budget ledger"
+    )
     trace_capture: bool = Field(default=False, description="record cycles for RM-Replay")
     trace_path: str = Field(default="", description="where captured traces are written")
     metrics_listen: str = Field(default="0.0.0.0:9102", description="empty = no metrics")

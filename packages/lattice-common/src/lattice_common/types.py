@@ -141,6 +141,9 @@ class Allocation(msgspec.Struct, kw_only=True):
     preempted_count: int = 0
     preempted_by: str = ""  # pending allocation this one is being preempted for
     resume_from_checkpoint: bool = False  # set when requeued after preemption
+    task_group_id: str = ""  # task group (job array) this is one task of
+    task_index: int | None = None
+    task_group_concurrency: int = 0  # at most this many tasks of the group run at once
     revision: int = 0  # GlobalState revision of the last change
 
     @property

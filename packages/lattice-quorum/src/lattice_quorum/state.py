@@ -43,7 +43,10 @@ class GlobalState(msgspec.Struct, kw_only=True):
     allocations: dict[str, Allocation] = msgspec.field(default_factory=dict)
     tenants: dict[str, Tenant] = msgspec.field(default_factory=dict)
     vclusters: dict[str, VCluster] = msgspec.field(default_factory=dict)
-    request_ids: dict[str, str] = msgspec.field(default_factory=dict)  # request_id -> alloc id
+    request_ids: dict[str, str] = msgspec.field(
+        default_factory=dict
+    )  # request_id -> alloc/group id
+    task_groups: dict[str, list[str]] = msgspec.field(default_factory=dict)  # group id -> task ids
     # Index of allocations holding nodes (Staging/Running/Checkpointing), for quotas.
     active: dict[str, None] = msgspec.field(default_factory=dict)
 
@@ -253,32 +256,97 @@ def _submit(state: GlobalState, cmd: c.SubmitAllocation, ch: Changes) -> c.Comma
     if spec.request_id and spec.request_id in state.request_ids:
         existing = state.allocations[state.request_ids[spec.request_id]]
         return c.CommandResult(revision=state.revision, allocation=existing)
-    if spec.tenant not in state.tenants:
+    _check_names(state, spec.tenant, spec.vcluster)
+    _bump(state)
+    a = Allocation(id=_next_id(state, cmd.now), spec=spec, submitted_at=cmd.now)
+    state.allocations[a.id] = a
+    if spec.request_id:
+        state.request_ids[spec.request_id] = a.id
+    _touch_alloc(state, a, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+MAX_TASKS_PER_GROUP = 10_000
+
+
+def _next_id(state: GlobalState, now: float) -> str:
+    if state.alloc_seq == 0 and not state.id_salt:
+        state.id_salt = int(now * 1_000_003) & 0xFFFFFFFF
+    state.alloc_seq += 1
+    alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
+    while alloc_id in state.allocations or alloc_id in state.task_groups:
+        state.alloc_seq += 1
+        alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
+    return alloc_id
+
+
+def _submit_task_group(state: GlobalState, cmd: c.SubmitTaskGroup, ch: Changes) -> c.CommandResult:
+    spec = cmd.spec
+    if spec.request_id and spec.request_id in state.request_ids:
+        gid = state.request_ids[spec.request_id]
+        members = [state.allocations[i] for i in state.task_groups.get(gid, [])]
+        return c.CommandResult(revision=state.revision, task_group_id=gid, allocations=members)
+    _check_names(state, spec.tenant, spec.vcluster)
+    step = cmd.step or 1
+    indexes = range(cmd.start, cmd.end + 1, step)
+    if (
+        cmd.start < 0
+        or step < 1
+        or not 1 <= len(indexes) <= MAX_TASKS_PER_GROUP
+        or cmd.concurrency < 0
+    ):
+        raise ValidationError(
+            f"invalid task group range {cmd.start}-{cmd.end} (step {step}, concurrency {cmd.concurrency})",
+            hint=f"Use START-END[%CONCURRENCY] with 0 <= START <= END and at most {MAX_TASKS_PER_GROUP} tasks.",
+        )
+    _bump(state)
+    gid = _next_id(state, cmd.now)
+    members: list[Allocation] = []
+    base_name = spec.name or spec.entrypoint.split()[0].rsplit("/", 1)[-1]
+    for i in indexes:
+        task_spec = msgspec.structs.replace(
+            spec,
+            entrypoint=spec.entrypoint.replace("${INDEX}", str(i)),
+            env={
+                **spec.env,
+                "LATTICE_TASK_INDEX": str(i),
+                "LATTICE_TASK_GROUP_ID": gid,
+                "SLURM_ARRAY_TASK_ID": str(i),
+                "SLURM_ARRAY_JOB_ID": gid,
+            },
+            name=f"{base_name}[{i}]",
+            request_id="",
+        )
+        a = Allocation(
+            id=_next_id(state, cmd.now),
+            spec=task_spec,
+            submitted_at=cmd.now,
+            task_group_id=gid,
+            task_index=i,
+            task_group_concurrency=cmd.concurrency,
+        )
+        state.allocations[a.id] = a
+        members.append(a)
+        _touch_alloc(state, a, ch)
+    state.task_groups[gid] = [a.id for a in members]
+    if spec.request_id:
+        state.request_ids[spec.request_id] = gid
+    return c.CommandResult(revision=state.revision, task_group_id=gid, allocations=members)
+
+
+def _check_names(state: GlobalState, tenant: str, vcluster: str) -> None:
+    if tenant not in state.tenants:
         raise NotFound(
-            f'unknown tenant "{spec.tenant}"',
+            f'unknown tenant "{tenant}"',
             details={"available": ", ".join(sorted(state.tenants)) or "(none)"},
             hint="Pick one of the available tenants with --tenant.",
         )
-    if spec.vcluster not in state.vclusters:
+    if vcluster not in state.vclusters:
         raise NotFound(
-            f'unknown vCluster "{spec.vcluster}"',
+            f'unknown vCluster "{vcluster}"',
             details={"available": ", ".join(sorted(state.vclusters)) or "(none)"},
             hint="Pick one of the available vClusters with --vcluster.",
         )
-    _bump(state)
-    if state.alloc_seq == 0 and not state.id_salt:
-        state.id_salt = int(cmd.now * 1_000_003) & 0xFFFFFFFF
-    state.alloc_seq += 1
-    alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
-    while alloc_id in state.allocations:  # only after 2**32 submissions
-        state.alloc_seq += 1
-        alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
-    a = Allocation(id=alloc_id, spec=spec, submitted_at=cmd.now)
-    state.allocations[alloc_id] = a
-    if spec.request_id:
-        state.request_ids[spec.request_id] = alloc_id
-    _touch_alloc(state, a, ch)
-    return c.CommandResult(revision=state.revision, allocation=a)
 
 
 def _tenant_usage(state: GlobalState, tenant: str) -> tuple[int, int]:
@@ -619,6 +687,7 @@ _HANDLERS = {
     c.DisableNode: _disable_node,
     c.EnableNode: _enable_node,
     c.SubmitAllocation: _submit,
+    c.SubmitTaskGroup: _submit_task_group,
     c.AssignNodes: _assign,
     c.UpdateAllocationState: _update_state,
     c.CancelAllocation: _cancel,

@@ -56,7 +56,6 @@ __all__ = [
     "budget_penalty",
     "build_context",
     "checkpoint_factor",
-    "conformance_factor",
     "energy_price_at",
     "f1_priority_class",
     "f2_wait_time",
@@ -500,11 +499,6 @@ def f8_checkpoint_efficiency(a: Allocation, ctx: ScoringContext) -> float:
 
 
 # --------------------------------------------------------------------------- f9
-
-
-def conformance_factor(largest_group_size: int, requested_nodes: int) -> float:
-    """Alias of :func:`f9_conformance_fitness` for callers that prefer plain names."""
-    return f9_conformance_fitness(largest_group_size, requested_nodes)
 
 
 def f9_conformance_fitness(largest_group_size: int, requested_nodes: int) -> float:

@@ -129,14 +129,20 @@ def plan_cycle(
     used_nodes: dict[str, int] = defaultdict(int)
     used_allocs: dict[str, int] = defaultdict(int)
     holding = allocations.values() if holding_ids is None else (allocations[i] for i in holding_ids)
+    group_running: dict[str, int] = defaultdict(int)
     for a in holding:
         if a.state in HOLDING_STATES:
             used_nodes[a.spec.tenant] += len(a.assigned_nodes)
             used_allocs[a.spec.tenant] += 1
+            if a.task_group_id:
+                group_running[a.task_group_id] += 1
     proposals: list[Proposal] = []
     waiting: list[Pending] = []
     taken: set[str] = set()
     for a in pending:
+        if a.task_group_concurrency and group_running[a.task_group_id] >= a.task_group_concurrency:
+            waiting.append(Pending(a.id, "task group concurrency limit"))
+            continue
         t = tenants.get(a.spec.tenant)
         if t is not None and (
             (t.max_nodes is not None and used_nodes[t.name] + a.spec.nodes > t.max_nodes)
@@ -153,6 +159,8 @@ def plan_cycle(
             waiting.append(not_now(a))
             continue
         taken.update(n.id for n in chosen)
+        if a.task_group_id:
+            group_running[a.task_group_id] += 1
         used_nodes[a.spec.tenant] += len(chosen)
         used_allocs[a.spec.tenant] += 1
         proposals.append(Proposal(a.id, tuple(n.id for n in chosen)))

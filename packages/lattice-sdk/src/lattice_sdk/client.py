@@ -226,6 +226,17 @@ class LatticeClient:
         data = await self._call("POST", "/allocations", body=spec.to_dict())
         return Allocation.from_dict(data)
 
+    async def submit_task_group(self, spec: AllocationSpec, task_group: str) -> dict[str, Any]:
+        """Submit a task group (job array), e.g. ``task_group="0-99%20"``: one allocation
+        per index, each with LATTICE_TASK_INDEX set. Returns ``{"task_group_id",
+        "allocation_ids", "tasks", "concurrency"}``."""
+        if not spec.request_id:
+            import uuid
+
+            spec.request_id = uuid.uuid4().hex
+        body = {**spec.to_dict(), "task_group": task_group}
+        return await self._call("POST", "/allocations", body=body)
+
     async def status(self, alloc_id: str) -> Allocation:
         """The allocation with this id (LatticeNotFoundError if there is none)."""
         return Allocation.from_dict(await self._call("GET", f"/allocations/{_seg(alloc_id)}"))
@@ -238,10 +249,12 @@ class LatticeClient:
         user: str | None = None,
         all: bool = False,
         limit: int | None = None,
+        task_group: str | None = None,
     ) -> list[Allocation]:
         """Allocations visible to the caller; by default the caller's own.
 
-        ``all=True`` asks for every allocation of the tenant (needs permission).
+        ``all=True`` asks for every allocation of the tenant (needs permission);
+        ``task_group`` lists the tasks of one task group.
         """
         params = {
             "state": state,
@@ -250,6 +263,7 @@ class LatticeClient:
             "user": user,
             "all": bool(all),
             "limit": limit,
+            "task_group": task_group,
         }
         data = await self._call("GET", "/allocations", params=params)
         return [Allocation.from_dict(a) for a in _items(data, "allocations")]

@@ -281,6 +281,16 @@ class Allocation(betterproto2.Message):
     requeued after preemption: resume from its checkpoint
     """
 
+    task_group_id: "str" = betterproto2.field(17, betterproto2.TYPE_STRING)
+    """
+    the task group (job array) it belongs to, "" if none
+    """
+
+    task_group_concurrency: "int" = betterproto2.field(18, betterproto2.TYPE_INT32)
+    """
+    at most this many of its group run at once; 0 = no limit
+    """
+
 
 default_message_pool.register_message("lattice.v1", "Allocation", Allocation)
 
