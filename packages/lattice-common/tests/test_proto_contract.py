@@ -100,6 +100,7 @@ def _allocation() -> types.Allocation:
         task_group_id="c0ffee01",
         task_index=7,
         task_group_concurrency=20,
+        pending_reason="waiting for quota headroom",
         revision=2**40 + 7,  # beyond 32 bits on purpose
     )
 

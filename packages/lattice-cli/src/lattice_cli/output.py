@@ -296,6 +296,10 @@ def allocation_detail(alloc: dict[str, Any], now: float) -> str:
             ("Name", spec.get("name")),
             ("State", alloc.get("state")),
             ("Reason", alloc.get("reason")),
+            (
+                "Pending reason",
+                alloc.get("pending_reason") if alloc.get("state") == "Pending" else None,
+            ),
             ("Exit code", DASH if exit_code is None else exit_code),
             ("Tenant", spec.get("tenant")),
             ("vCluster", spec.get("vcluster")),

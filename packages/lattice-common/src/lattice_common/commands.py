@@ -77,6 +77,12 @@ class UpdateAllocationState(Command, tag="update_allocation_state"):
     finished_at: float | None = None
 
 
+class SetPendingReasons(Command, tag="set_pending_reasons"):
+    """The scheduler's reasons for allocations it could not start (only changes are sent)."""
+
+    reasons: dict[str, str]
+
+
 class CancelAllocation(Command, tag="cancel_allocation"):
     allocation_id: str
     reason: str = "cancelled"
@@ -159,6 +165,7 @@ AnyCommand = (
     | AssignNodes
     | UpdateAllocationState
     | CancelAllocation
+    | SetPendingReasons
     | RequeueAllocation
     | PreemptAllocation
     | SetNodeHealth
@@ -229,6 +236,7 @@ __all__ = [
     "RequeueAllocation",
     "SchedulerType",
     "SetNodeHealth",
+    "SetPendingReasons",
     "SubmitAllocation",
     "SubmitTaskGroup",
     "UndrainNode",

@@ -144,6 +144,7 @@ class Allocation(msgspec.Struct, kw_only=True):
     task_group_id: str = ""  # task group (job array) this is one task of
     task_index: int | None = None
     task_group_concurrency: int = 0  # at most this many tasks of the group run at once
+    pending_reason: str = ""  # the scheduler's last word on why it is still Pending
     revision: int = 0  # GlobalState revision of the last change
 
     @property

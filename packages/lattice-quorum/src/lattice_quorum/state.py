@@ -426,6 +426,7 @@ def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandRes
         n.owner_vcluster = cmd.vcluster or a.spec.vcluster
         _touch_node(state, n, ch)
     a.assigned_nodes = list(cmd.node_ids)
+    a.pending_reason = ""
     a.state = AllocationState.RUNNING
     a.started_at = cmd.now
     a.reason = ""
@@ -522,6 +523,25 @@ def _update_state(state: GlobalState, cmd: c.UpdateAllocationState, ch: Changes)
         a.assigned_nodes = []
     _touch_alloc(state, a, ch)
     return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def _set_pending_reasons(
+    state: GlobalState, cmd: c.SetPendingReasons, ch: Changes
+) -> c.CommandResult:
+    changed = [
+        a
+        for aid, reason in sorted(cmd.reasons.items())
+        if (a := state.allocations.get(aid)) is not None
+        and a.state == AllocationState.PENDING
+        and a.pending_reason != reason[:200]
+    ]
+    if not changed:
+        return c.CommandResult(revision=state.revision)
+    _bump(state)
+    for a in changed:
+        a.pending_reason = cmd.reasons[a.id][:200]
+        _touch_alloc(state, a, ch)
+    return c.CommandResult(revision=state.revision)
 
 
 def _cancel(state: GlobalState, cmd: c.CancelAllocation, ch: Changes) -> c.CommandResult:
@@ -691,6 +711,7 @@ _HANDLERS = {
     c.AssignNodes: _assign,
     c.UpdateAllocationState: _update_state,
     c.CancelAllocation: _cancel,
+    c.SetPendingReasons: _set_pending_reasons,
     c.RequeueAllocation: _requeue_cmd,
     c.PreemptAllocation: _preempt,
     c.CreateTenant: _create_tenant,

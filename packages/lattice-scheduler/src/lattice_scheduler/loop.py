@@ -153,6 +153,7 @@ class Scheduler:
                                 r.error.get("message"),
                             )
             await self._preempt_for(vc, waiting, proposals)
+            await self._publish_reasons(waiting)
             CYCLE.labels(vc).observe(time.perf_counter() - t0)
 
     def poke_later(self, delay: float = 0.5) -> None:
@@ -211,3 +212,18 @@ class Scheduler:
             if r.error is None:
                 PREEMPTIONS.labels(vc, "higher_priority").inc()
                 log.info("preempting %s for %s", cmd.allocation_id, cmd.preemptor_id)  # type: ignore[attr-defined]
+
+    async def _publish_reasons(self, waiting: list[Pending]) -> None:
+        """Tell users why their allocations wait; only changed reasons go to the quorum."""
+        allocs = self.mirror.allocations
+        changed = {
+            w.allocation_id: w.reason
+            for w in waiting
+            if w.allocation_id in allocs and allocs[w.allocation_id].pending_reason != w.reason
+        }
+        if not changed:
+            return
+        try:
+            await self.quorum.propose(c.SetPendingReasons(reasons=changed, now=time.time()))
+        except LatticeError as e:
+            log.info("could not publish pending reasons: %s", e.message)

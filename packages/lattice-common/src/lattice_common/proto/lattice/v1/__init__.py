@@ -291,6 +291,11 @@ class Allocation(betterproto2.Message):
     at most this many of its group run at once; 0 = no limit
     """
 
+    pending_reason: "str" = betterproto2.field(19, betterproto2.TYPE_STRING)
+    """
+    why the scheduler has not started it yet (Pending only)
+    """
+
 
 default_message_pool.register_message("lattice.v1", "Allocation", Allocation)
 
