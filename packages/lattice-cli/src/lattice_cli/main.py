@@ -1115,10 +1115,55 @@ def vcluster_set_weights(
             help="NAME=VALUE, repeatable; names: " + ", ".join(WEIGHTS) + ".",
         ),
     ] = None,
+    priority: Annotated[
+        float | None, typer.Option("--priority", help="w1, priority class.")
+    ] = None,
+    wait_time: Annotated[float | None, typer.Option("--wait-time", help="w2, wait time.")] = None,
+    fair_share: Annotated[
+        float | None, typer.Option("--fair-share", help="w3, fair share.")
+    ] = None,
+    topology: Annotated[
+        float | None, typer.Option("--topology", help="w4, topology fitness.")
+    ] = None,
+    data_readiness: Annotated[
+        float | None, typer.Option("--data-readiness", help="w5, data readiness.")
+    ] = None,
+    backlog: Annotated[
+        float | None, typer.Option("--backlog", help="w6, backlog pressure.")
+    ] = None,
+    energy: Annotated[float | None, typer.Option("--energy", help="w7, energy cost.")] = None,
+    checkpoint: Annotated[
+        float | None, typer.Option("--checkpoint", help="w8, checkpoint efficiency.")
+    ] = None,
+    conformance: Annotated[
+        float | None, typer.Option("--conformance", help="w9, conformance fitness.")
+    ] = None,
     output: OutputOpt = None,
 ) -> None:
-    """Change cost-function weights of a vCluster (only the ones given)."""
-    weights: dict[str, float] = {}
+    """Change cost-function weights of a vCluster (only the ones given); the scheduler
+    uses them from its next cycle, no restart needed."""
+    weights: dict[str, float] = {
+        k: v
+        for k, v in {
+            "priority": priority,
+            "wait_time": wait_time,
+            "fair_share": fair_share,
+            "topology": topology,
+            "data_readiness": data_readiness,
+            "backlog": backlog,
+            "energy": energy,
+            "checkpoint_efficiency": checkpoint,
+            "conformance": conformance,
+        }.items()
+        if v is not None
+    }
+    for key, val in weights.items():
+        if not 0.0 <= val <= 1.0:
+            fail(
+                f"weight {key} must be between 0 and 1, not {val}",
+                hint="e.g. --priority=0.3",
+                code=2,
+            )
     for item in weight or []:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
@@ -1135,7 +1180,7 @@ def vcluster_set_weights(
     if not weights:
         fail(
             "nothing to update",
-            hint="Give --weight NAME=VALUE, e.g. --weight priority=0.3.",
+            hint="Give at least one weight, e.g. --priority=0.3 (or --weight priority=0.3).",
             code=2,
         )
     st = _state(ctx)

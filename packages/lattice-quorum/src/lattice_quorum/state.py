@@ -427,6 +427,7 @@ def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandRes
         _touch_node(state, n, ch)
     a.assigned_nodes = list(cmd.node_ids)
     a.pending_reason = ""
+    a.preempted_by = ""
     a.state = AllocationState.RUNNING
     a.started_at = cmd.now
     a.reason = ""
@@ -479,10 +480,9 @@ def _requeue(
     a.state = AllocationState.PENDING
     a.assigned_nodes = []
     a.started_at = None
-    if preempted:
+    if preempted:  # preempted_by stays until it is placed again
         a.preempted_count += 1
         a.resume_from_checkpoint = True
-        a.preempted_by = ""
     else:
         a.requeue_count += 1
     a.reason = reason

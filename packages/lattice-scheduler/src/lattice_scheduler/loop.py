@@ -14,16 +14,20 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from lattice_common import commands as c
 from lattice_common.errors import LatticeError
 from lattice_common.rpc import RemoteQuorum
-from lattice_common.types import AllocationState
+from lattice_common.types import Allocation, AllocationState, CostWeights, SchedulerType
 from lattice_common.watch import StateMirror
 from prometheus_client import Counter, Gauge, Histogram
 
-from lattice_scheduler.placement import Pending, Proposal, eligible, order_pending, plan_cycle
+from lattice_scheduler import cost
+from lattice_scheduler.placement import eligible, limit_task_groups, order_pending
 from lattice_scheduler.preemption import PreemptionPolicy, select_victims
+from lattice_scheduler.solver import Pending, Proposal, solve
+from lattice_scheduler.topology import TopologyModel
 
 log = logging.getLogger("lattice.scheduler")
 
@@ -36,6 +40,15 @@ CYCLE = Histogram(
 QUEUE_DEPTH = Gauge("lattice_scheduling_queue_depth", "Number of pending allocations", ["vcluster"])
 PROPOSALS = Counter(
     "lattice_scheduling_proposals_total", "Proposals sent to quorum", ["vcluster", "result"]
+)
+COST_DURATION = Histogram(
+    "lattice_scheduling_cost_function_duration_seconds",
+    "Time to build the scoring context for all candidates",
+    ["vcluster"],
+    buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
+)
+BACKFILLED = Counter(
+    "lattice_scheduling_backfill_jobs_total", "Allocations placed via backfill", ["vcluster"]
 )
 PREEMPTIONS = Counter(
     "lattice_preemptions_total",
@@ -108,18 +121,47 @@ class Scheduler:
     async def cycle(self) -> None:
         rev = self.mirror.revision
         self._inflight = {k: v for k, v in self._inflight.items() if v > rev}
+        m = self.mirror
+        now = time.time()
+        topology = TopologyModel.from_nodes(m.nodes) if m.pending else None
+        holding = [m.allocations[i] for i in m.holding]
+        # a preempted allocation waits until the one it made room for has started
+        held_back = {
+            i
+            for i in m.pending
+            if (p := m.allocations[i].preempted_by)
+            and p in m.allocations
+            and m.allocations[p].state == AllocationState.PENDING
+        }
         for vc in self.vclusters:
             t0 = time.perf_counter()
-            proposals, waiting = plan_cycle(
+            pending = [
+                m.allocations[i]
+                for i in m.pending
+                if m.allocations[i].spec.vcluster == vc
+                and i not in self._inflight
+                and i not in held_back
+            ]
+            QUEUE_DEPTH.labels(vc).set(len(pending))
+            if not pending:
+                CYCLE.labels(vc).observe(time.perf_counter() - t0)
+                continue
+            pending, limited = limit_task_groups(pending, holding)
+            v = m.vclusters.get(vc)
+            fifo = v is not None and v.scheduler_type == SchedulerType.INTERACTIVE_FIFO
+            result = solve(
+                pending,
+                m.nodes,
+                holding,
+                score=self._scorer(vc, now),
+                now=now,
+                backfill_depth=0 if fifo else (v.backfill_depth if v is not None else 10),
                 vcluster=vc,
-                allocations=self.mirror.allocations,
-                nodes=self.mirror.nodes,
-                tenants=self.mirror.tenants,
-                exclude=self._inflight,
-                pending_ids=self.mirror.pending,
-                holding_ids=self.mirror.holding,
+                tenants=m.tenants,
+                topology=topology,
             )
-            QUEUE_DEPTH.labels(vc).set(len(proposals) + len(waiting))
+            proposals, waiting = result.proposals, [*result.pending, *limited]
+            BACKFILLED.labels(vc).inc(sum(1 for p in proposals if p.backfilled))
             if proposals:
                 batch = c.Batch(
                     commands=[
@@ -227,3 +269,16 @@ class Scheduler:
             await self.quorum.propose(c.SetPendingReasons(reasons=changed, now=time.time()))
         except LatticeError as e:
             log.info("could not publish pending reasons: %s", e.message)
+
+    def _scorer(self, vc: str, now: float) -> Callable[[Allocation], float]:
+        """This cycle's ordering for a vCluster: Score(j) = sum w_i f_i(j) with the
+        vCluster's current weights (re-read every cycle, so set-weights needs no
+        restart), or arrival order for interactive-fifo."""
+        v = self.mirror.vclusters.get(vc)
+        if v is not None and v.scheduler_type == SchedulerType.INTERACTIVE_FIFO:
+            return lambda a: -a.submitted_at
+        t0 = time.perf_counter()
+        ctx = cost.build_context(self.mirror, now, vcluster=vc)
+        weights = v.weights if v is not None else CostWeights()
+        COST_DURATION.labels(vc).observe(time.perf_counter() - t0)
+        return lambda a: cost.score(a, ctx, weights)

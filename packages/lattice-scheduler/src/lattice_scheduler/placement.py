@@ -8,7 +8,7 @@ cost function and GreedyTopologyAwareBackfill replace ``order_pending`` and
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
 from lattice_common.types import (
@@ -34,9 +34,19 @@ class Pending(msgspec.Struct, frozen=True):
     reason: str
 
 
-def order_pending(allocs: Iterable[Allocation]) -> list[Allocation]:
-    """Higher preemption class first, then longest waiting (original submit time)."""
-    return sorted(allocs, key=lambda a: (-a.spec.preemption_class, a.submitted_at, a.id))
+def order_pending(
+    allocs: Iterable[Allocation], score: Callable[[Allocation], float] | None = None
+) -> list[Allocation]:
+    """By cost-function score when given (highest first), else higher preemption class
+    first; ties by longest waiting (original submit time), then id."""
+    if score is None:
+        return sorted(allocs, key=lambda a: (-a.spec.preemption_class, a.submitted_at, a.id))
+    return sorted(allocs, key=lambda a: (-score(a), a.submitted_at, a.id))
+
+
+def order_fifo(allocs: Iterable[Allocation]) -> list[Allocation]:
+    """interactive-fifo: strict arrival order."""
+    return sorted(allocs, key=lambda a: (a.submitted_at, a.id))
 
 
 def satisfies(node: Node, c: Constraints) -> bool:
@@ -83,6 +93,8 @@ def plan_cycle(
     exclude: Iterable[str] = (),
     pending_ids: Iterable[str] | None = None,
     holding_ids: Iterable[str] | None = None,
+    score: Callable[[Allocation], float] | None = None,
+    fifo: bool = False,
 ) -> tuple[list[Proposal], list[Pending]]:
     """Decide this cycle's assignments for one vCluster.
 
@@ -100,7 +112,7 @@ def plan_cycle(
     ]
     if not pending_unsorted:
         return [], []
-    pending = order_pending(pending_unsorted)
+    pending = order_fifo(pending_unsorted) if fifo else order_pending(pending_unsorted, score)
     usable_cache: dict[tuple[object, ...], int] = {}
 
     def not_now(a: Allocation) -> Pending:
@@ -165,3 +177,24 @@ def plan_cycle(
         used_allocs[a.spec.tenant] += 1
         proposals.append(Proposal(a.id, tuple(n.id for n in chosen)))
     return proposals, waiting
+
+
+def limit_task_groups(
+    pending: Iterable[Allocation], holding: Iterable[Allocation]
+) -> tuple[list[Allocation], list[Pending]]:
+    """Hold back tasks beyond their group's concurrency (running + may start <= limit);
+    lower task indexes go first."""
+    running: dict[str, int] = defaultdict(int)
+    for a in holding:
+        if a.task_group_id and a.state in HOLDING_STATES:
+            running[a.task_group_id] += 1
+    free_to_start: list[Allocation] = []
+    held: list[Pending] = []
+    for a in sorted(pending, key=lambda a: (a.task_group_id, a.task_index or 0, a.id)):
+        if a.task_group_id and a.task_group_concurrency:
+            if running[a.task_group_id] >= a.task_group_concurrency:
+                held.append(Pending(a.id, "task group concurrency limit"))
+                continue
+            running[a.task_group_id] += 1
+        free_to_start.append(a)
+    return free_to_start, held

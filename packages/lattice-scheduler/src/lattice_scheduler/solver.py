@@ -359,6 +359,7 @@ class _View:
         "agg",
         "free_total",
         "ideal",
+        "max_conf",
         "nodes",
         "sig_order",
         "sigs",
@@ -377,7 +378,8 @@ class _View:
         self.usable_by_group: dict[int, int] = {}
         self.usable_by_conf: dict[str, dict[int, int]] = {}
         self.usable_total = 0
-        self.ideal: dict[bool, int | None] = {}
+        self.ideal: dict[tuple[bool, int], int | None] = {}  # (conformance, k) -> span
+        self.max_conf = -1
         self.nodes: list[tuple[str, int, Conf]] = []
 
     def add(self, tier: float, g: int, c: Conf, n: int) -> None:
@@ -403,6 +405,11 @@ class _View:
         else:
             del tot[g]
         self.free_total[tier] += n
+
+    def largest_usable_conf(self) -> int:
+        if self.max_conf < 0:
+            self.max_conf = max((sum(p.values()) for p in self.usable_by_conf.values()), default=0)
+        return self.max_conf
 
     def ideal_span(self, require_conformance: bool, k: int) -> int | None:
         """Fewest groups the job could use if every usable matching node were free."""
@@ -434,6 +441,7 @@ class _Cycle:
         self.sig_nodes: dict[int, list[tuple[str, int, Conf]]] = {}
         self.usable_cells: dict[int, dict[tuple[int, Conf], int]] = {}
         self.views: dict[tuple[object, ...], _View] = {}
+        self.raw_views: dict[tuple[object, ...], _View] = {}  # constraints as written
         self.sig_views: dict[int, list[_View]] = {}
         self.used_nodes: dict[str, int] = {}
         self.used_allocs: dict[str, int] = {}
@@ -486,6 +494,15 @@ class _Cycle:
     # views ------------------------------------------------------------------------------
 
     def view(self, spec: AllocationSpec, flags: frozenset[str]) -> _View:
+        c = spec.constraints
+        raw = (c.gpu_type, c.gpu_count, c.memory_gb, *c.features)
+        v = self.raw_views.get(raw)
+        if v is not None:
+            return v
+        v = self.raw_views[raw] = self._view(spec, flags)
+        return v
+
+    def _view(self, spec: AllocationSpec, flags: frozenset[str]) -> _View:
         kw = _filter_kwargs(spec)
         numa = FLAG_PREFER_SAME_NUMA in flags or FLAG_PREFER_LOCAL_MEMORY in flags
         key = (*kw.values(), numa)
@@ -657,11 +674,14 @@ class _Cycle:
         start = times[lo]
         plan = plan_at(start)
         assert plan is not None
+        # In each cell, the nodes that come free last (by the start): nodes free now stay
+        # available to backfill wherever the reservation can do without them.
         chosen: list[str] = []
         for g, per in plan.items():
             for c, n in per.items():
-                chosen.extend(nid for _, nid in cells[(g, c)][:n])
-        return start, chosen
+                ready = bisect_right(times_of[(g, c)], start)
+                chosen.extend(nid for _, nid in cells[(g, c)][ready - n : ready])
+        return start, sorted(chosen)
 
     def hold_for(self, nodes: list[str], start: float, end: float) -> None:
         """Record a reservation: its nodes are busy until ``end`` for later reservations,
@@ -747,16 +767,18 @@ def solve(
             result.pending.append(Pending(a.id, REASON_NO_MATCH))
             continue
         need_conf = FLAG_REQUIRE_CONFORMANCE in flags and k > 1
-        if need_conf and max((sum(p.values()) for p in v.usable_by_conf.values()), default=0) < k:
+        if need_conf and v.largest_usable_conf() < k:
             result.pending.append(Pending(a.id, REASON_CONFORMANCE))
             continue
         topo_hint = spec.constraints.topology
         mode: Mode = "any" if topo_hint == "any" else "tight" if topo_hint == "tight" else "pack"
         max_span = None
         if mode == "tight":
-            max_span = v.ideal.get(need_conf)
-            if need_conf not in v.ideal:
-                max_span = v.ideal[need_conf] = v.ideal_span(need_conf, k)
+            ikey = (need_conf, k)
+            if ikey in v.ideal:
+                max_span = v.ideal[ikey]
+            else:
+                max_span = v.ideal[ikey] = v.ideal_span(need_conf, k)
         w = spec.walltime_seconds
         end = now_ + w if w > 0 else INF
         by_group, totals, total, tiers = cyc.candidates(v, end)
@@ -787,7 +809,7 @@ def solve(
             result.proposals.append(
                 Proposal(
                     allocation_id=a.id,
-                    node_ids=tuple(chosen),
+                    node_ids=tuple(sorted(chosen)),
                     groups_spanned=spanned,
                     conformance_fitness=fitness,
                     backfilled=blocked_above,
