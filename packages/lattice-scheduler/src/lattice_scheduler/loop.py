@@ -47,6 +47,9 @@ COST_DURATION = Histogram(
     ["vcluster"],
     buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
 )
+PLACEMENTS = Counter(
+    "lattice_scheduling_placements_total", "Allocations placed (assignment committed)", ["vcluster"]
+)
 BACKFILLED = Counter(
     "lattice_scheduling_backfill_jobs_total", "Allocations placed via backfill", ["vcluster"]
 )
@@ -186,6 +189,7 @@ class Scheduler:
                     for p, r in zip(proposals, res.results or [], strict=False):
                         if r.error is None:
                             PROPOSALS.labels(vc, "accepted").inc()
+                            PLACEMENTS.labels(vc).inc()
                             self._inflight[p.allocation_id] = r.revision
                         else:
                             PROPOSALS.labels(vc, "rejected").inc()
