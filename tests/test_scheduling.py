@@ -69,3 +69,22 @@ def test_two_vcluster_schedulers_never_double_assign(cluster_factory) -> None:
         time.sleep(0.05)
     final = [h.wait_state(j["id"], "Completed", timeout=60) for j in jobs]
     assert all(a["state"] == "Completed" for a in final)
+
+
+def test_vcluster_borrows_idle_nodes_and_the_home_vcluster_reclaims_them(cluster_factory) -> None:
+    h = cluster_factory(members=1, agents=2, vclusters=("a", "b"), agent_homes=("a", "b"))
+    # b has one node of its own; its second job borrows a's idle node
+    b_jobs = [h.submit("sleep 30", vcluster="b", walltime="10m") for _ in range(2)]
+    running = [h.wait_state(j["id"], "Running", timeout=20) for j in b_jobs]
+    assert sorted(n for r in running for n in r["assigned_nodes"]) == ["node-001", "node-002"]
+    borrower = next(r for r in running if r["assigned_nodes"] == ["node-001"])
+    assert h.node("node-001")["owner_vcluster"] == "b"
+    assert h.node("node-001")["home_vcluster"] == "a"
+    # a needs its node back: the borrower is preempted (whatever its class) and requeued
+    mine = h.submit("echo reclaimed", vcluster="a", preemption_class=1, walltime="5m")
+    done = h.wait_state(mine["id"], "Completed", timeout=30)
+    assert done["assigned_nodes"] == ["node-001"]
+    back = h.get(borrower["id"])
+    assert back["preempted_count"] == 1 and back["submitted_at"] == borrower["submitted_at"]
+    for j in b_jobs:
+        h.cancel(j["id"])

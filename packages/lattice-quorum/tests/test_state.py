@@ -1326,3 +1326,13 @@ def test_task_group_is_idempotent_and_validated() -> None:
     again = ok(s, c.SubmitTaskGroup(spec=spec, start=0, end=2))
     assert again.task_group_id == first.task_group_id and len(s.allocations) == 3
     rejected(s, c.SubmitTaskGroup(spec=b.spec(), start=5, end=1), "invalid_argument")
+
+
+def test_home_vcluster_may_reclaim_a_borrowed_node_whatever_the_class() -> None:
+    s = world(nodes=1, vclusters=("v", "w"))
+    s.nodes["n0000"].home_vcluster = "w"
+    victim = running(s, ["n0000"])  # a job of vCluster v on w's node
+    s.allocations[victim].spec.preemption_class = 9
+    owner = submit(s, vcluster="w", preemption_class=1)
+    ok(s, c.PreemptAllocation(allocation_id=victim, preemptor_id=owner))
+    assert s.allocations[victim].state == A.CHECKPOINTING

@@ -111,3 +111,17 @@ def test_never_selects_equal_or_higher_sensitive_or_checkpointing(job_class, vic
     if chosen:
         assert len(chosen) <= 3
         assert sum(len(by_id[v].assigned_nodes) for v in chosen) >= need
+
+
+def test_reclaim_ignores_class_order_but_never_takes_class_10() -> None:
+    nodes = b.inventory(2)
+    borrower = running("borrower", 9, ["n0000"])
+    sensitive = running("sensitive", 10, ["n0001"])
+    j = job(1, nodes=1)
+    assert select_victims(j, [borrower], nodes, now=NOW) is None
+    assert select_victims(j, [borrower], nodes, now=NOW, reclaimable=frozenset({"borrower"})) == [
+        "borrower"
+    ]
+    assert (
+        select_victims(j, [sensitive], nodes, now=NOW, reclaimable=frozenset({"sensitive"})) is None
+    )

@@ -88,6 +88,7 @@ class LocalCluster:
         walltime_grace: float = 30.0,
         preferred_ports: bool = False,
         env: dict[str, str] | None = None,
+        agent_homes: tuple[str, ...] = (),
     ) -> None:
         if members not in (1, 3, 5):
             raise ClusterError("a quorum has 1, 3 or 5 members")
@@ -102,6 +103,7 @@ class LocalCluster:
         self.heartbeat_timeout = heartbeat_timeout
         self.grace_period = grace_period
         self.walltime_grace = walltime_grace
+        self.agent_homes = tuple(agent_homes)  # home vCluster pool per agent, in order
         self.env = {**os.environ, **(env or {})}
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self.members: list[Member] = []
@@ -151,7 +153,13 @@ class LocalCluster:
         node_id = f"node-{i + 1:03d}"
         d = self.base / "agents" / node_id
         d.mkdir(parents=True, exist_ok=True)
-        return AgentProc(node_id=node_id, dir=d, group=i % self.groups)
+        home = self.agent_homes[i] if i < len(self.agent_homes) else ""
+        return AgentProc(
+            node_id=node_id,
+            dir=d,
+            group=i % self.groups,
+            args=["--home-vcluster", home] if home else [],
+        )
 
     def member_config(self, m: Member) -> dict[str, Any]:
         return {

@@ -580,7 +580,14 @@ def _preempt(state: GlobalState, cmd: c.PreemptAllocation, ch: Changes) -> c.Com
             f"allocation {a.id} is {a.state.value}; only running allocations can be preempted",
             details={"allocation": a.id, "state": a.state.value},
         )
-    if a.spec.preemption_class >= 10 or a.spec.preemption_class >= p.spec.preemption_class:
+    # the home vCluster reclaiming a borrowed node may preempt whatever class runs there
+    reclaim = a.spec.vcluster != p.spec.vcluster and any(
+        (n := state.nodes.get(nid)) is not None and n.home_vcluster == p.spec.vcluster
+        for nid in a.assigned_nodes
+    )
+    if a.spec.preemption_class >= 10 or (
+        a.spec.preemption_class >= p.spec.preemption_class and not reclaim
+    ):
         raise ValidationError(
             f"allocation {a.id} (class {a.spec.preemption_class}) cannot be preempted by "
             f"{p.id} (class {p.spec.preemption_class}): preemption only moves down",

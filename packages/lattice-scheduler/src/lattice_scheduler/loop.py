@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
+import msgspec
 from lattice_common import commands as c
 from lattice_common.errors import LatticeError
 from lattice_common.rpc import RemoteQuorum
@@ -25,7 +26,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from lattice_scheduler import cost
 from lattice_scheduler.placement import eligible, limit_task_groups, order_pending
-from lattice_scheduler.preemption import PreemptionPolicy, select_victims
+from lattice_scheduler.preemption import NEVER_PREEMPTED_CLASS, PreemptionPolicy, select_victims
 from lattice_scheduler.solver import Pending, Proposal, solve
 from lattice_scheduler.topology import TopologyModel
 
@@ -52,6 +53,11 @@ PLACEMENTS = Counter(
 )
 BACKFILLED = Counter(
     "lattice_scheduling_backfill_jobs_total", "Allocations placed via backfill", ["vcluster"]
+)
+BORROWED = Counter(
+    "lattice_scheduling_borrowed_placements_total",
+    "Allocations placed on idle nodes borrowed from another vCluster's pool",
+    ["vcluster"],
 )
 PREEMPTIONS = Counter(
     "lattice_preemptions_total",
@@ -164,6 +170,9 @@ class Scheduler:
                 topology=topology,
             )
             proposals, waiting = result.proposals, [*result.pending, *limited]
+            if v is None or v.allow_borrowing:
+                borrowed, waiting = self._borrow(vc, pending, waiting, proposals, now)
+                proposals = [*proposals, *borrowed]
             BACKFILLED.labels(vc).inc(sum(1 for p in proposals if p.backfilled))
             if proposals:
                 batch = c.Batch(
@@ -224,11 +233,18 @@ class Scheduler:
             for i in m.holding
             if m.allocations[i].state == AllocationState.CHECKPOINTING
         }
+        # borrowers on this vCluster's home pool: reclaimable whatever their class
+        reclaimable = frozenset(
+            a.id
+            for a in running
+            if a.spec.vcluster != vc
+            and any(n in m.nodes and m.nodes[n].home_vcluster == vc for n in a.assigned_nodes)
+        )
         jobs = order_pending(m.allocations[i] for i in occupied)
         chosen: set[str] = set()
         cmds: list[c.Command] = []
         for job in jobs[:PREEMPTION_CANDIDATES_PER_CYCLE]:
-            if job.id in releasing_for or job.spec.preemption_class == 0:
+            if job.id in releasing_for or (job.spec.preemption_class == 0 and not reclaimable):
                 continue  # its victims are already on their way out / nothing is below it
             victims = select_victims(
                 job,
@@ -237,6 +253,7 @@ class Scheduler:
                 now=now,
                 free_nodes=free,
                 policy=self.preemption_policy,
+                reclaimable=reclaimable,
             )
             if not victims:
                 continue
@@ -256,7 +273,8 @@ class Scheduler:
             return
         for cmd, r in zip(cmds, res.results or [], strict=False):
             if r.error is None:
-                PREEMPTIONS.labels(vc, "higher_priority").inc()
+                why = "reclaim" if cmd.allocation_id in reclaimable else "higher_priority"  # type: ignore[attr-defined]
+                PREEMPTIONS.labels(vc, why).inc()
                 log.info("preempting %s for %s", cmd.allocation_id, cmd.preemptor_id)  # type: ignore[attr-defined]
 
     async def _publish_reasons(self, waiting: list[Pending]) -> None:
@@ -286,3 +304,50 @@ class Scheduler:
         weights = v.weights if v is not None else CostWeights()
         COST_DURATION.labels(vc).observe(time.perf_counter() - t0)
         return lambda a: cost.score(a, ctx, weights)
+
+    def _borrow(
+        self,
+        vc: str,
+        pending: list[Allocation],
+        waiting: list[Pending],
+        proposals: list[Proposal],
+        now: float,
+    ) -> tuple[list[Proposal], list[Pending]]:
+        """Elastic sharing: place still-blocked work on idle nodes of other vClusters'
+        home pools (pools whose own vCluster has nothing pending). Never sensitive
+        (class 10) work: a borrowed node can be reclaimed at any time."""
+        m = self.mirror
+        blocked = {w.allocation_id for w in waiting if w.reason == "all suitable nodes occupied"}
+        candidates = [
+            a
+            for a in pending
+            if a.id in blocked and a.spec.preemption_class < NEVER_PREEMPTED_CLASS
+        ]
+        if not candidates:
+            return [], waiting
+        busy_homes = {m.allocations[i].spec.vcluster for i in m.pending}
+        taken = {n for p in proposals for n in p.node_ids}
+        lendable = {
+            nid: msgspec.structs.replace(n, home_vcluster="")
+            for nid, n in m.nodes.items()
+            if n.home_vcluster not in ("", vc)
+            and n.home_vcluster not in busy_homes
+            and n.schedulable
+            and nid not in taken
+        }
+        if not lendable:
+            return [], waiting
+        res = solve(
+            candidates,
+            lendable,
+            [],
+            score=self._scorer(vc, now),
+            now=now,
+            backfill_depth=0,
+            vcluster=vc,
+            tenants=m.tenants,
+        )
+        placed = {p.allocation_id for p in res.proposals}
+        if placed:
+            BORROWED.labels(vc).inc(len(placed))
+        return res.proposals, [w for w in waiting if w.allocation_id not in placed]

@@ -33,10 +33,20 @@ class PreemptionPolicy(msgspec.Struct, frozen=True, kw_only=True):
     default_checkpoint_minutes: float = 0.0  # checkpoint=none: nothing to write
 
 
-def is_candidate(victim: Allocation, job: Allocation, now: float, policy: PreemptionPolicy) -> bool:
-    """Strictly lower class, not sensitive, running (not Checkpointing), not near its end."""
+def is_candidate(
+    victim: Allocation,
+    job: Allocation,
+    now: float,
+    policy: PreemptionPolicy,
+    *,
+    reclaim: bool = False,
+) -> bool:
+    """Strictly lower class (any class when the home vCluster reclaims a borrowed
+    node), never sensitive, running (not Checkpointing), not near its end."""
     vc, jc = victim.spec.preemption_class, job.spec.preemption_class
-    if victim.state != AllocationState.RUNNING or vc >= NEVER_PREEMPTED_CLASS or vc >= jc:
+    if victim.state != AllocationState.RUNNING or vc >= NEVER_PREEMPTED_CLASS:
+        return False
+    if vc >= jc and not reclaim:
         return False
     wall = victim.spec.walltime_seconds
     if wall and victim.started_at is not None:
@@ -78,6 +88,7 @@ def select_victims(
     now: float,
     free_nodes: Iterable[Node] = (),
     policy: PreemptionPolicy | None = None,
+    reclaimable: frozenset[str] = frozenset(),
 ) -> list[str] | None:
     """Victim allocation ids whose nodes (with the free ones) let ``job`` start, cheapest
     first; None when no valid set of at most ``max_victims`` exists."""
@@ -89,7 +100,7 @@ def select_victims(
         return []
     scored: list[tuple[float, int, str, int]] = []
     for v in running:
-        if not is_candidate(v, job, now, policy):
+        if not is_candidate(v, job, now, policy, reclaim=v.id in reclaimable):
             continue
         usable = [nodes[n] for n in v.assigned_nodes if n in nodes and satisfies(nodes[n], c)]
         if not usable:
