@@ -50,6 +50,7 @@ def error_response(err: LatticeError) -> web.Response:
 
 
 PUBLIC = {"/healthz", "/metrics", "/api/v1/auth/discovery"}
+IDENTITY = web.RequestKey("identity", Identity)  # set by the middleware on every request
 
 
 class RestApi:
@@ -112,7 +113,7 @@ class RestApi:
         status = 500
         try:
             if request.path not in PUBLIC:
-                request["identity"] = self.auth.authenticate(request.headers)
+                request[IDENTITY] = self.auth.authenticate(request.headers)
             resp = await handler(request)
             status = resp.status
             return resp
@@ -131,7 +132,7 @@ class RestApi:
 
     @staticmethod
     def who(request: web.Request) -> Identity:
-        return request["identity"]
+        return request[IDENTITY]
 
     @staticmethod
     async def body(request: web.Request) -> dict[str, Any]:

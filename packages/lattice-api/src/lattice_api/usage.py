@@ -259,7 +259,7 @@ def add_rest_routes(router: web.UrlDispatcher, service: LatticeService) -> None:
         return _response(
             tenant_usage(
                 service,
-                request["identity"],
+                request[_identity_key()],
                 request.match_info["name"],
                 request.query.get("days"),
             )
@@ -270,7 +270,7 @@ def add_rest_routes(router: web.UrlDispatcher, service: LatticeService) -> None:
         return _response(
             user_usage(
                 service,
-                request["identity"],
+                request[_identity_key()],
                 q.get("user") or None,
                 q.get("days"),
                 tenant=q.get("tenant") or None,
@@ -341,3 +341,9 @@ __all__ = [
     "user_usage",
     "window_from_range",
 ]
+
+
+def _identity_key() -> web.RequestKey[Identity]:
+    from lattice_api.rest import IDENTITY  # rest imports this module: resolve at call time
+
+    return IDENTITY
