@@ -37,3 +37,16 @@ def test_quota_and_occupancy_are_explained(lattice_cluster) -> None:
     assert _reason(h, big["id"]) == "all suitable nodes occupied"
     for a in (first, second, big):
         h.cancel(a["id"])
+
+
+def test_status_verbose_lists_the_reason(lattice_cluster) -> None:
+    h = lattice_cluster
+    a = h.submit("true", constraints={"gpu_type": "MI300X"})
+    _reason(h, a["id"])
+    out = h.cli("status", "--verbose")
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith(a["id"]))
+    assert "no nodes matching constraints" in row
+    detail = h.cli("status", a["id"], "--verbose")
+    assert "Pending reason:" in detail.stdout and "no nodes matching constraints" in detail.stdout
+    h.cancel(a["id"])

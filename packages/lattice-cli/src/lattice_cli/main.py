@@ -567,11 +567,21 @@ def status(
     interval: Annotated[
         float, typer.Option("--interval", help="Seconds between refreshes with --watch.", min=0.2)
     ] = 5.0,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Say why pending allocations wait (the wide columns, incl. REASON).",
+        ),
+    ] = False,
     output: OutputOpt = None,
 ) -> None:
     """Show allocations (like squeue): your own by default, or one in detail."""
     st = _state(ctx)
     fmt = st.output(output)
+    if verbose and fmt == "table":
+        fmt = "wide"
     color = fmt in ("table", "wide") and st.color()
 
     async def fetch(client: Any) -> Any:

@@ -209,7 +209,11 @@ def allocation_row(alloc: dict[str, Any], now: float, *, wide: bool = False) -> 
             _text(spec.get("uenv")),
             _text(constraints.get("gpu_type")),
             _text(compress_nodelist(alloc.get("assigned_nodes") or [])),
-            _text(alloc.get("reason")),
+            _text(
+                alloc.get("pending_reason")
+                if alloc.get("state") == "Pending" and alloc.get("pending_reason")
+                else alloc.get("reason")
+            ),
         ]
     return row
 

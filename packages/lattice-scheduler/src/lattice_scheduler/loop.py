@@ -25,7 +25,7 @@ from lattice_common.watch import StateMirror
 from prometheus_client import Counter, Gauge, Histogram
 
 from lattice_scheduler import cost
-from lattice_scheduler.placement import eligible, limit_task_groups, order_pending
+from lattice_scheduler.placement import eligible, limit_task_groups, order_pending, plan_cycle
 from lattice_scheduler.preemption import NEVER_PREEMPTED_CLASS, PreemptionPolicy, select_victims
 from lattice_scheduler.solver import Pending, Proposal, solve
 from lattice_scheduler.topology import TopologyModel
@@ -157,6 +157,21 @@ class Scheduler:
                 continue
             pending, limited = limit_task_groups(pending, holding)
             v = m.vclusters.get(vc)
+            if not any(n.schedulable for n in m.nodes.values()):
+                # no free node anywhere: nothing can start, borrowed or not; keep the
+                # cycle cheap (reasons and preemption only)
+                _, waiting = plan_cycle(
+                    vcluster=vc,
+                    allocations=m.allocations,
+                    nodes=m.nodes,
+                    tenants=m.tenants,
+                    pending_ids=[a.id for a in pending],
+                    holding_ids=m.holding,
+                )
+                await self._preempt_for(vc, [*waiting, *limited], [])
+                await self._publish_reasons([*waiting, *limited])
+                CYCLE.labels(vc).observe(time.perf_counter() - t0)
+                continue
             fifo = v is not None and v.scheduler_type == SchedulerType.INTERACTIVE_FIFO
             result = solve(
                 pending,
