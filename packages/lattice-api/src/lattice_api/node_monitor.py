@@ -174,37 +174,15 @@ class NodeMonitor:
         now = self.clock()
         nodes = self.member.read(lambda s: [(n.id, n.state) for n in s.nodes.values()])
         for node_id, state in nodes:
-            seen = self.last_seen.setdefault(node_id, now)
-            silent = now - seen
-            if (
-                state in (NodeState.READY, NodeState.DRAINING, NodeState.DRAINED)
-                and silent > self.heartbeat_timeout
-            ):
-                if state == NodeState.READY:
-                    await self._propose(
-                        c.SetNodeHealth(
-                            node_id=node_id,
-                            state=NodeState.DEGRADED,
-                            reason=f"no heartbeat for {silent:.0f}s",
-                            now=time.time(),
-                        )
-                    )
-                elif silent > self.heartbeat_timeout + self.grace_period:
-                    await self._propose(
-                        c.SetNodeHealth(
-                            node_id=node_id,
-                            state=NodeState.DOWN,
-                            reason=f"no heartbeat for {silent:.0f}s",
-                            now=time.time(),
-                        )
-                    )
-            elif (
-                state == NodeState.DEGRADED and silent > self.heartbeat_timeout + self.grace_period
-            ):
+            silent = now - self.last_seen.setdefault(node_id, now)
+            target = health_after_silence(
+                state, silent, timeout=self.heartbeat_timeout, grace=self.grace_period
+            )
+            if target is not None:
                 await self._propose(
                     c.SetNodeHealth(
                         node_id=node_id,
-                        state=NodeState.DOWN,
+                        state=target,
                         reason=f"no heartbeat for {silent:.0f}s",
                         now=time.time(),
                     )
@@ -214,3 +192,19 @@ class NodeMonitor:
         counts = self.member.read(lambda s: [n.state for n in s.nodes.values()])
         for st in NodeState:
             NODES_TOTAL.labels(st.value).set(sum(1 for x in counts if x == st))
+
+
+def health_after_silence(
+    state: NodeState, silent: float, *, timeout: float, grace: float
+) -> NodeState | None:
+    """Ready -> Degraded after ``timeout`` without a heartbeat; Degraded (and drained
+    or draining nodes) -> Down after ``timeout + grace``. None: no change."""
+    if silent > timeout + grace and state in (
+        NodeState.DEGRADED,
+        NodeState.DRAINING,
+        NodeState.DRAINED,
+    ):
+        return NodeState.DOWN
+    if silent > timeout and state == NodeState.READY:
+        return NodeState.DEGRADED
+    return None
