@@ -1089,15 +1089,12 @@ class ProcessRuntime:
                 view = memoryview(payload)
                 while view:
                     view = view[os.write(fd, view) :]
-                os.fsync(fd)
             finally:
                 os.close(fd)
+            # Atomic replace, no fsync: the file exists to survive an agent restart (the
+            # page cache outlives the process); after a machine crash no workload is left
+            # to reattach, and stale entries are recognised by pid start time.
             os.replace(tmp, path)
-            dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
         except OSError as e:
             log.error("cannot write state file %s: %s", path, e)
             with contextlib.suppress(OSError):
