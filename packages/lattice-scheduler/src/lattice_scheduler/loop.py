@@ -114,11 +114,16 @@ class Scheduler:
                     if delta.snapshot:
                         self.synced.set()
                         self.poke()
-                    elif any(
-                        a.state == AllocationState.PENDING and a.spec.vcluster in self.vclusters
-                        for a in delta.allocations
-                    ) or any(not n.owner for n in delta.nodes):
-                        self.poke()  # new work or freed capacity
+                    elif any(n.schedulable for n in delta.nodes) or (
+                        any(
+                            a.state == AllocationState.PENDING and a.spec.vcluster in self.vclusters
+                            for a in delta.allocations
+                        )
+                        and self._capacity_free()
+                    ):
+                        # freed capacity, or new work while something is free; new work
+                        # on a full cluster waits for capacity or the periodic cycle
+                        self.poke()
             except LatticeError as e:
                 log.warning("watch-state stream lost (%s); reconnecting", e.message)
             except asyncio.CancelledError:
@@ -366,3 +371,6 @@ class Scheduler:
         if placed:
             BORROWED.labels(vc).inc(len(placed))
         return res.proposals, [w for w in waiting if w.allocation_id not in placed]
+
+    def _capacity_free(self) -> bool:
+        return any(n.schedulable for n in self.mirror.nodes.values())
