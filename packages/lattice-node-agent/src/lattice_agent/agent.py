@@ -125,7 +125,9 @@ class Agent:
         return v1.NodeServiceStub(self.endpoints.channel(), metadata=self.metadata)
 
     def _on_runtime_change(self, report: AllocationReport) -> None:
-        self._beat_now.set()
+        # an exit must reach the quorum at once; a start is already known there
+        if report.phase != "running":
+            self._beat_now.set()
 
     # --- registration -----------------------------------------------------------------
 
@@ -245,8 +247,6 @@ class Agent:
                 await self.runtime.start(a, nodelist=list(a.assigned_nodes))
                 if a.started_at:
                     STARTUP.labels(self.node_id).observe(max(0.0, time.time() - a.started_at))
-        if actions:
-            self._beat_now.set()
 
     def _spawn_stop(self, alloc_id: str, reason: str) -> None:
         if alloc_id in self._stopping:
