@@ -88,3 +88,19 @@ def test_vcluster_borrows_idle_nodes_and_the_home_vcluster_reclaims_them(cluster
     assert back["preempted_count"] == 1 and back["submitted_at"] == borrower["submitted_at"]
     for j in b_jobs:
         h.cancel(j["id"])
+
+
+def test_node_range_starts_with_what_is_free(cluster_factory) -> None:
+    h = cluster_factory(members=1, agents=3)
+    blocker = h.submit("sleep 30", walltime="10m", preemption_class=9)
+    h.wait_state(blocker["id"], "Running")
+    out = h.cli("submit", "--nodes=3", "--min-nodes=1", "--walltime=5m", "-o", "json", "--", "true")
+    assert out.returncode == 0, out.stderr
+    import json
+
+    alloc = json.loads(out.stdout)
+    done = h.wait_state(alloc["id"], "Completed", timeout=20)
+    assert len(done["assigned_nodes"]) == 2  # 2 of 3 free: within {1, 3}
+    bad = h.cli("submit", "--nodes=2", "--min-nodes=3", "--walltime=5m", "--", "true")
+    assert bad.returncode != 0 and "Hint:" in bad.stderr
+    h.cancel(blocker["id"])

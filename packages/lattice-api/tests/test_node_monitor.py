@@ -3,7 +3,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from lattice_api.node_monitor import health_after_silence
 from lattice_common.types import NodeState as N
 

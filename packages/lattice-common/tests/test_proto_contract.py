@@ -79,6 +79,7 @@ def _spec() -> types.AllocationSpec:
         max_requeue=7,
         tags={"experiment": "run-42"},
         request_id="req-1",
+        min_nodes=2,
     )
 
 

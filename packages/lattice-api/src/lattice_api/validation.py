@@ -38,7 +38,24 @@ def validate_submission(
             hint="Give a script (`lattice submit job.sh`) or a command after `--` "
             "(`lattice submit -- echo hello`).",
         )
-    nodes = _int(body.get("nodes", 1), "nodes")
+    raw_nodes = body.get("nodes", 1)
+    min_nodes = 0
+    if isinstance(raw_nodes, Mapping):  # the Intent API's range form {min, max}
+        if "max" not in raw_nodes:
+            raise ValidationError(
+                "nodes must be a whole number or a range {min, max}",
+                hint="e.g. nodes: 4, or nodes: {min: 2, max: 8}.",
+            )
+        min_nodes = _int(raw_nodes.get("min", 1), "nodes.min")
+        raw_nodes = raw_nodes["max"]
+    elif body.get("min_nodes") not in (None, "", 0):
+        min_nodes = _int(body["min_nodes"], "min_nodes")
+    nodes = _int(raw_nodes, "nodes")
+    if min_nodes and not 1 <= min_nodes <= nodes:
+        raise ValidationError(
+            f"node range must satisfy 1 <= min ({min_nodes}) <= max ({nodes})",
+            hint="e.g. --min-nodes=2 --nodes=8 (or nodes: {min: 2, max: 8}).",
+        )
     if nodes < 1:
         raise ValidationError(
             f"nodes must be at least 1 (got {nodes})",
@@ -144,6 +161,7 @@ def validate_submission(
         max_requeue=max_requeue,
         tags=tags,
         request_id=str(body.get("request_id") or "")[:128],
+        min_nodes=min_nodes if min_nodes != nodes else 0,
     )
 
 

@@ -337,6 +337,13 @@ def submit(
     nodes: Annotated[
         int | None, typer.Option("--nodes", "-N", help="Number of whole nodes (at least 1).")
     ] = None,
+    min_nodes: Annotated[
+        int | None,
+        typer.Option(
+            "--min-nodes",
+            help="Node range: start with as few as this when --nodes are not all free (services).",
+        ),
+    ] = None,
     walltime: Annotated[
         str | None,
         typer.Option("--walltime", "-t", help="Time limit: 30m, 24h, 1d, HH:MM:SS, D-HH:MM:SS."),
@@ -455,6 +462,8 @@ def submit(
                 "(`lattice submit -N 2 -- hostname`).",
                 code=2,
             )
+        if min_nodes is not None:
+            d.parse_positive_int(str(min_nodes), "min nodes")
     except d.DirectiveError as exc:
         fail(exc.message, hint=exc.hint, code=2)
 
@@ -479,6 +488,7 @@ def submit(
         requeue_policy=opts.requeue,
         max_requeue=opts.max_requeue,
         tags=opts.tags,
+        min_nodes=min_nodes,
     )
     fmt = state.output(output)
     if dry_run:

@@ -125,6 +125,7 @@ class AllocationSpec(msgspec.Struct, kw_only=True):
     max_requeue: int = 3
     tags: dict[str, str] = msgspec.field(default_factory=dict)
     request_id: str = ""  # client idempotency key
+    min_nodes: int = 0  # node range {min_nodes, nodes} (services); 0 = exactly `nodes`
 
 
 class Allocation(msgspec.Struct, kw_only=True):

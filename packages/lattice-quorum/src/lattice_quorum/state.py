@@ -373,9 +373,10 @@ def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandRes
         )
     if not cmd.node_ids or len(set(cmd.node_ids)) != len(cmd.node_ids):
         raise ValidationError("assign needs a non-empty list of distinct nodes")
-    if len(cmd.node_ids) < a.spec.nodes:
+    least = a.spec.min_nodes or a.spec.nodes
+    if not least <= len(cmd.node_ids) <= a.spec.nodes:
         raise ValidationError(
-            f"allocation {a.id} needs {a.spec.nodes} nodes, got {len(cmd.node_ids)}"
+            f"allocation {a.id} needs {least}..{a.spec.nodes} nodes, got {len(cmd.node_ids)}"
         )
     nodes = [_node(state, nid) for nid in cmd.node_ids]
     for n in nodes:

@@ -190,6 +190,7 @@ class Scheduler:
                 topology=topology,
             )
             proposals, waiting = result.proposals, [*result.pending, *limited]
+            proposals, waiting = self._shrink_ranges(vc, pending, proposals, waiting, now)
             if v is None or v.allow_borrowing:
                 borrowed, waiting = self._borrow(vc, pending, waiting, proposals, now)
                 proposals = [*proposals, *borrowed]
@@ -374,3 +375,42 @@ class Scheduler:
 
     def _capacity_free(self) -> bool:
         return any(n.schedulable for n in self.mirror.nodes.values())
+
+    def _shrink_ranges(
+        self,
+        vc: str,
+        pending: list[Allocation],
+        proposals: list[Proposal],
+        waiting: list[Pending],
+        now: float,
+    ) -> tuple[list[Proposal], list[Pending]]:
+        """Allocations with a node range {min, max} that could not get ``max`` nodes
+        take as many free nodes as there are, down to ``min`` (services scale later)."""
+        m = self.mirror
+        blocked = {w.allocation_id for w in waiting if w.reason == "all suitable nodes occupied"}
+        ranged = [a for a in pending if a.id in blocked and a.spec.min_nodes]
+        if not ranged:
+            return proposals, waiting
+        taken = {n for p in proposals for n in p.node_ids}
+        free = {nid: n for nid, n in m.nodes.items() if nid not in taken}
+        placed: list[Proposal] = []
+        for a in ranged:
+            for k in range(a.spec.nodes - 1, a.spec.min_nodes - 1, -1):
+                trial = msgspec.structs.replace(a, spec=msgspec.structs.replace(a.spec, nodes=k))
+                res = solve(
+                    [trial],
+                    free,
+                    [],
+                    score=lambda _a: 0.0,
+                    now=now,
+                    backfill_depth=0,
+                    vcluster=vc,
+                    tenants=m.tenants,
+                )
+                if res.proposals:
+                    placed.append(res.proposals[0])
+                    for nid in res.proposals[0].node_ids:
+                        free.pop(nid, None)
+                    break
+        done = {p.allocation_id for p in placed}
+        return [*proposals, *placed], [w for w in waiting if w.allocation_id not in done]

@@ -73,6 +73,7 @@ class AllocationSpec(_Record):
     request_id: str = ""
     user: str = ""
     walltime_seconds: int | None = None
+    min_nodes: int | None = None  # node range {min_nodes, nodes} (services)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +106,7 @@ class AllocationSpec(_Record):
             "tags": self.tags,
             "request_id": self.request_id,
             "user": self.user,
+            "min_nodes": self.min_nodes,
         }
         if not self.walltime and self.walltime_seconds:
             optional["walltime_seconds"] = self.walltime_seconds

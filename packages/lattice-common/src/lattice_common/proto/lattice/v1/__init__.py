@@ -473,6 +473,11 @@ class AllocationSpec(betterproto2.Message):
     client idempotency key
     """
 
+    min_nodes: "int" = betterproto2.field(19, betterproto2.TYPE_INT32)
+    """
+    node range {min_nodes, nodes}; 0 = exactly `nodes`
+    """
+
     walltime: "str" = betterproto2.field(30, betterproto2.TYPE_STRING)
     """
     human input ("72h", "1-00:00:00"); the API parses it into walltime_seconds
