@@ -125,3 +125,12 @@ def test_reclaim_ignores_class_order_but_never_takes_class_10() -> None:
     assert (
         select_victims(j, [sensitive], nodes, now=NOW, reclaimable=frozenset({"sensitive"})) is None
     )
+
+
+def test_just_resumed_victim_is_protected_from_thrashing() -> None:
+    pol = PreemptionPolicy()
+    v = running("v", 1, ["n0"], started=NOW - 60)
+    v.preempted_count = 2
+    assert not is_candidate(v, job(8), NOW, pol)
+    v.started_at = NOW - 3600  # ran long enough since it came back
+    assert is_candidate(v, job(8), NOW, pol)

@@ -31,6 +31,9 @@ class PreemptionPolicy(msgspec.Struct, frozen=True, kw_only=True):
     near_completion_fraction: float = 0.9
     max_victims: int = 3
     default_checkpoint_minutes: float = 0.0  # checkpoint=none: nothing to write
+    # A job that was just resumed after a preemption has the least work to lose and would
+    # be picked again and again; protect it for a while so that it makes progress.
+    resume_protection_seconds: float = 600.0
 
 
 def is_candidate(
@@ -47,6 +50,12 @@ def is_candidate(
     if victim.state != AllocationState.RUNNING or vc >= NEVER_PREEMPTED_CLASS:
         return False
     if vc >= jc and not reclaim:
+        return False
+    if (
+        victim.preempted_count
+        and victim.started_at is not None
+        and now - victim.started_at < policy.resume_protection_seconds
+    ):
         return False
     wall = victim.spec.walltime_seconds
     if wall and victim.started_at is not None:
