@@ -1,0 +1,949 @@
+"""The discrete-event replay: arrivals, scheduling cycles, completions, preemptions,
+all in simulated time.
+
+State is a ``lattice_common.watch.StateMirror`` (allocations, nodes, tenants,
+vClusters and the pending/holding indexes), kept exactly as the quorum would keep it
+after each command: a policy (:mod:`rm_replay.policies`; ``lattice`` is the real
+scheduler) decides on it, and the engine applies the decision the way the quorum's
+``AssignNodes`` and ``PreemptAllocation`` do, then plays the consequences forward:
+
+* **arrival** at the submit time: the allocation becomes Pending (and, with
+  ``schedule_on_arrival``, pokes the scheduler when some node is free, as the live
+  loop does; on a full cluster it waits for freed capacity or the interval);
+* **cycles**: at once after an arrival (if configured), after nodes are freed or work
+  is requeued (the live loop's pokes), and every ``cycle_interval`` after the last
+  cycle while work is pending. A cycle runs the policy only when it could change
+  something: some pending allocation of the vCluster has at least as many free
+  matching nodes as it asks for (otherwise no placement is possible, whatever the
+  order), or, for ``lattice``, a preemption is possible (a pending class above a
+  running one, or a borrower on the vCluster's home pool). Skipping the others
+  leaves the outcome unchanged and keeps a replay fast;
+* **end** at start + actual runtime (exit 0: ``completed``, else ``failed``), or at
+  start + walltime with ``walltime_exceeded`` when the runtime exceeds the request;
+* **preemption**: the victim goes Checkpointing (keeps its nodes) for
+  ``checkpoint_seconds``, then releases them and is requeued Pending with its
+  original submit time, ``preempted_count + 1`` and ``preempted_by`` set (the
+  scheduler holds it back until its preemptor has started). The checkpoint succeeds
+  with probability ``checkpoint_success_rate``, drawn from
+  ``random.Random(f"{seed}:{allocation}:{attempt}")`` (independent of event order):
+  on success the work done before the preemption is kept, otherwise it is lost. A
+  victim whose run ends during its checkpoint simply ends.
+
+Determinism: no wall clock in any decision, events ordered by (time, kind, sequence),
+every collection built in a fixed order; same inputs and seed -> the same result.
+Wall time is measured (``time.perf_counter``) only for :class:`CycleStat.duration_s`
+and ``wall_time_s``, which ``result.json`` leaves out.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lattice_common.types import (
+    Allocation,
+    AllocationSpec,
+    AllocationState,
+    Constraints,
+    CostWeights,
+    LifecycleType,
+    Node,
+    NodeState,
+    SchedulerType,
+    Tenant,
+    VCluster,
+)
+from lattice_common.watch import StateMirror
+from lattice_scheduler.preemption import NEVER_PREEMPTED_CLASS, PreemptionPolicy
+from lattice_scheduler.profiles import weights_as_mapping
+from lattice_scheduler.topology import TopologyModel
+
+from rm_replay import __version__
+from rm_replay.inventory import build_nodes, inventory_summary
+from rm_replay.model import (
+    CompleteEvent,
+    CycleStat,
+    Inventory,
+    JobRecord,
+    SimulationResult,
+    SubmitEvent,
+    TraceError,
+    TraceEvent,
+    UtilizationSample,
+)
+from rm_replay.policies import Decision, Placement, Policy, make_policy
+from rm_replay.weights import ANY_VCLUSTER, weights_for
+
+__all__ = ["DEFAULT_VCLUSTER", "Replay", "jobs_from_events", "simulate"]
+
+DEFAULT_VCLUSTER = "default"
+INF = math.inf
+
+# event kinds, in the order they are handled at equal times
+_END = 0
+_CHECKPOINT = 1
+_ARRIVAL = 2
+
+
+class _Job:
+    """One allocation's simulation state (the JobRecord is built from it at the end)."""
+
+    __slots__ = (
+        "alloc",
+        "backfilled",
+        "borrow_homes",
+        "ckpt_att",
+        "ckpt_ok",
+        "conformance_fitness",
+        "end",
+        "ev",
+        "exit",
+        "first_start",
+        "gen",
+        "gpu_seconds",
+        "gpus",
+        "gpus_per_node",
+        "groups_spanned",
+        "key",
+        "least",
+        "node_seconds",
+        "outcome",
+        "preempted_at",
+        "preempted_count",
+        "remaining",
+        "run_start",
+        "runtime",
+        "vc",
+    )
+
+    def __init__(self, ev: SubmitEvent, alloc: Allocation, runtime: float, exit_code: int) -> None:
+        self.ev = ev
+        self.alloc = alloc
+        self.vc = alloc.spec.vcluster
+        self.runtime = runtime
+        self.remaining = runtime
+        self.exit = exit_code
+        self.first_start: float | None = None
+        self.run_start = 0.0
+        self.end: float | None = None
+        self.outcome = "unfinished"
+        self.backfilled = False
+        self.preempted_count = 0
+        self.ckpt_att = 0
+        self.ckpt_ok = 0
+        self.gen = 0
+        self.node_seconds = 0.0
+        self.gpu_seconds = 0.0
+        self.gpus = 0
+        self.gpus_per_node = ev.gpus_per_node
+        self.groups_spanned = 0
+        self.conformance_fitness = 0.0
+        self.preempted_at = 0.0
+        self.borrow_homes: tuple[str, ...] = ()
+        c = alloc.spec.constraints
+        self.key = (c.gpu_type, c.gpu_count, c.memory_gb, tuple(c.features))
+        # the fewest nodes it can start on (a node range may shrink to min_nodes)
+        self.least = alloc.spec.min_nodes or max(1, alloc.spec.nodes)
+
+
+def jobs_from_events(
+    events: Iterable[TraceEvent], *, default_vcluster: str = DEFAULT_VCLUSTER
+) -> list[tuple[SubmitEvent, Allocation, float, int]]:
+    """(submit, Pending allocation, actual runtime, exit) per submission, in arrival
+    order (submit time, then trace order). Complete events supply runtime and exit;
+    without one the submit's inline runtime, else the walltime."""
+    submits: dict[str, SubmitEvent] = {}
+    order: dict[str, int] = {}
+    completes: dict[str, CompleteEvent] = {}
+    for i, ev in enumerate(events):
+        if isinstance(ev, SubmitEvent):
+            if ev.id in submits:
+                raise TraceError(f"allocation {ev.id!r} is submitted twice")
+            submits[ev.id] = ev
+            order[ev.id] = i
+        elif isinstance(ev, CompleteEvent):
+            if ev.id not in submits:
+                raise TraceError(f"complete event for unknown allocation {ev.id!r}")
+            completes[ev.id] = ev
+        else:  # pragma: no cover - typed input
+            raise TypeError(f"not a trace event: {ev!r}")
+    out: list[tuple[SubmitEvent, Allocation, float, int]] = []
+    for aid in sorted(submits, key=lambda x: (submits[x].t, order[x])):
+        ev = submits[aid]
+        done = completes.get(aid)
+        if done is not None:
+            runtime, exit_code = done.duration, done.exit
+        elif ev.runtime is not None:
+            runtime, exit_code = ev.runtime, ev.exit
+        elif ev.walltime > 0:
+            runtime, exit_code = ev.walltime, ev.exit
+        else:
+            raise TraceError(
+                f"allocation {aid!r} has no runtime: no complete event, no inline runtime "
+                "and no walltime",
+                hint='Add a complete event with "duration", a "runtime" in the submit, or a walltime.',
+            )
+        walltime = math.ceil(ev.walltime) if ev.walltime > 0 else 0
+        spec = AllocationSpec(
+            entrypoint="rm-replay",
+            tenant=ev.tenant,
+            vcluster=ev.vcluster or default_vcluster,
+            nodes=max(1, ev.nodes),
+            min_nodes=ev.min_nodes if 0 < ev.min_nodes < ev.nodes else 0,
+            walltime_seconds=walltime,
+            lifecycle=LifecycleType.BOUNDED if walltime else LifecycleType.UNBOUNDED,
+            preemption_class=10 if ev.sensitive else ev.preemption_class,
+            name=ev.name,
+            user=ev.user,
+            constraints=Constraints(
+                gpu_type=ev.gpu_type,
+                gpu_count=ev.gpus_per_node,
+                features=list(ev.features),
+                memory_gb=ev.memory_gb,
+                topology=ev.topology,
+            ),
+        )
+        alloc = Allocation(id=aid, spec=spec, submitted_at=ev.t)
+        out.append((ev, alloc, float(runtime), int(exit_code)))
+    return out
+
+
+class Replay:
+    """One replay (see the module docstring); :meth:`run` returns the result."""
+
+    def __init__(
+        self,
+        trace_events: Iterable[TraceEvent],
+        inventory: Inventory,
+        *,
+        policy: str | Policy = "lattice",
+        weights_by_vcluster: Mapping[str, CostWeights] | None = None,
+        cycle_interval: float = 30.0,
+        schedule_on_arrival: bool = True,
+        backfill_depth: int = 10,
+        seed: int = 0,
+        checkpoint_success_rate: float = 0.98,
+        checkpoint_seconds: float = 60.0,
+        sample_interval: float = 300.0,
+        default_vcluster: str | None = None,
+        max_time: float | None = None,
+        trace_name: str = "",
+        preemption_policy: PreemptionPolicy | None = None,
+        skip_unchanged_cycles: bool = True,
+    ) -> None:
+        if not cycle_interval > 0:
+            raise ValueError("cycle_interval must be > 0")
+        if not sample_interval > 0:
+            raise ValueError("sample_interval must be > 0")
+        if not 0.0 <= checkpoint_success_rate <= 1.0:
+            raise ValueError("checkpoint_success_rate must be within [0, 1]")
+        if not checkpoint_seconds >= 0:
+            raise ValueError("checkpoint_seconds must be >= 0")
+        if backfill_depth < 0:
+            raise ValueError("backfill_depth must be >= 0")
+        weights = dict(weights_by_vcluster or {})
+        if default_vcluster is None:
+            named = [k for k in weights if k != ANY_VCLUSTER]
+            default_vcluster = named[0] if len(named) == 1 else DEFAULT_VCLUSTER
+        self.default_vcluster = default_vcluster
+        self.policy: Policy = (
+            make_policy(policy, preemption_policy=preemption_policy)
+            if isinstance(policy, str)
+            else policy
+        )
+        self.weights = weights
+        self.cycle_interval = float(cycle_interval)
+        self.schedule_on_arrival = schedule_on_arrival
+        self.backfill_depth = backfill_depth
+        self.seed = seed
+        self.checkpoint_success_rate = checkpoint_success_rate
+        self.checkpoint_seconds = float(checkpoint_seconds)
+        self.sample_interval = float(sample_interval)
+        self.max_time = max_time
+        self.trace_name = trace_name
+        self.inventory = inventory
+
+        # --- the cluster
+        m = self.m = StateMirror()
+        m.nodes = build_nodes(inventory)
+        self.topology = TopologyModel.from_nodes(m.nodes)
+        self.home_pools = frozenset(n.home_vcluster for n in m.nodes.values())
+        self.total_nodes = len(m.nodes)
+        self.total_gpus = sum(n.capabilities.gpu_count for n in m.nodes.values())
+        self.sig_of = self.topology.node_signature
+        self.rep: dict[int, Node] = {}
+        self.free_cells: dict[tuple[int, str], int] = {}
+        for nid, n in m.nodes.items():
+            s = self.sig_of[nid]
+            self.rep.setdefault(s, n)
+            if n.state == NodeState.READY and not n.disabled:
+                cell = (s, n.home_vcluster)
+                self.free_cells[cell] = self.free_cells.get(cell, 0) + 1
+
+        # --- the workload
+        entries = jobs_from_events(trace_events, default_vcluster=default_vcluster)
+        self.jobs: dict[str, _Job] = {}
+        for ev, alloc, runtime, exit_code in entries:
+            self.jobs[alloc.id] = _Job(ev, alloc, runtime, exit_code)
+        self.arrival_order = [alloc.id for _, alloc, _, _ in entries]
+
+        # --- tenants and vClusters
+        specs = {t.name: t for t in inventory.tenants}
+        names = sorted({j.alloc.spec.tenant for j in self.jobs.values()} | set(specs))
+        fixed = sum(
+            t.fair_share_target or 0.0 for t in specs.values() if t.fair_share_target is not None
+        )
+        free_names = [n for n in names if n not in specs or specs[n].fair_share_target is None]
+        rest = max(0.0, 1.0 - fixed) / len(free_names) if free_names else 0.0
+        for name in names:
+            t = specs.get(name)
+            share = rest if t is None or t.fair_share_target is None else t.fair_share_target
+            m.tenants[name] = Tenant(
+                name=name,
+                fair_share_target=share,
+                max_nodes=None if t is None else t.max_nodes,
+                max_concurrent_allocations=None if t is None else t.max_concurrent_allocations,
+                gpu_hours_budget=None if t is None else t.gpu_hours_budget,
+                node_hours_budget=None if t is None else t.node_hours_budget,
+            )
+        self.keep_history = any(
+            t.gpu_hours_budget is not None or t.node_hours_budget is not None
+            for t in m.tenants.values()
+        )
+        vspecs = {v.name: v for v in inventory.vclusters}
+        vc_names = sorted({j.vc for j in self.jobs.values()} | set(vspecs) | {default_vcluster})
+        for name in vc_names:
+            vs = vspecs.get(name)
+            m.vclusters[name] = VCluster(
+                name=name,
+                scheduler_type=SchedulerType(vs.scheduler_type)
+                if vs
+                else SchedulerType.HPC_BACKFILL,
+                weights=weights_for(name, weights),
+                backfill_depth=(
+                    vs.backfill_depth
+                    if vs is not None and vs.backfill_depth is not None
+                    else backfill_depth
+                ),
+                allow_borrowing=True if vs is None else vs.allow_borrowing,
+            )
+
+        # --- indexes for deciding when a cycle can change anything
+        self.pending_keys: dict[str, dict[tuple[object, ...], dict[int, int]]] = {}
+        self.pending_classes: dict[str, dict[int, int]] = {}
+        self.running_classes: dict[int, int] = {}
+        self.borrowers_on: dict[str, int] = {}
+        self.match_cache: dict[tuple[object, ...], frozenset[int]] = {}
+        self.key_spec: dict[tuple[object, ...], AllocationSpec] = {}
+
+        # --- accounting
+        self.busy_nodes = 0
+        self.busy_gpus = 0
+        self.tenant_busy: dict[str, int] = {}
+        self.running = 0
+        self.samples: list[UtilizationSample] = []
+        self.cycles: list[CycleStat] = []
+        self.heap: list[tuple[float, int, int, str, int]] = []
+        self.seq = 0
+        self.rejected = 0
+        self.preemptions = 0
+        self.poked = False
+        # state version, bumped by every change but an arrival; arrivals per decision
+        # scope (vCluster, or None for the whole queue); per scope, the last decision
+        # that changed nothing: (version, arrivals seen, critical order)
+        self.version = 0
+        self.changes = 0  # every change, arrivals included
+        self.arrivals: dict[str | None, list[str]] = {}
+        self.noop: dict[str | None, tuple[int, int, tuple[str, ...]]] = {}
+        self.skipped_unchanged = 0
+        self.skip_unchanged = skip_unchanged_cycles
+
+    # ------------------------------------------------------------------ events
+
+    def _push(self, t: float, kind: int, aid: str, gen: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, aid, gen))
+
+    def run(self) -> SimulationResult:
+        wall0 = time.perf_counter()
+        for aid in self.arrival_order:
+            self._push(self.jobs[aid].alloc.submitted_at, _ARRIVAL, aid)
+        start = self.heap[0][0] if self.heap else 0.0
+        self.start_time = start
+        next_sample_k = 0
+        next_tick = start  # the loop's timer runs from the start of the replay
+        last_cycle_changes = -1
+        t = start
+        heap = self.heap
+        while True:
+            t_ev = heap[0][0] if heap else INF
+            # interval cycles while work is pending; once no event is left (nothing
+            # runs), one more for arrivals no cycle has seen, then the replay is over
+            pending = bool(self.m.pending)
+            idle = not heap and self.changes == last_cycle_changes
+            t_tick = next_tick if pending and not idle else INF
+            t_next = t_ev if t_ev <= t_tick else t_tick
+            if t_next == INF:
+                break
+            if self.max_time is not None and t_next > self.max_time:
+                t = max(t, self.max_time)
+                break
+            t = t_next
+            while True:  # samples strictly before t see the state before t's events
+                ts = start + next_sample_k * self.sample_interval
+                if ts >= t:
+                    break
+                self._sample(ts)
+                next_sample_k += 1
+            self.poked = False
+            while heap and heap[0][0] == t:
+                _, kind, _, aid, gen = heapq.heappop(heap)
+                if kind == _ARRIVAL:
+                    self._arrive(t, aid)
+                elif kind == _END:
+                    self._end(t, aid, gen)
+                else:
+                    self._checkpoint_done(t, aid, gen)
+            if next_tick < t:  # interval cycles passed while nothing was pending
+                next_tick += math.ceil((t - next_tick) / self.cycle_interval) * self.cycle_interval
+            if self.poked or t >= next_tick:
+                self._cycle(t)
+                last_cycle_changes = self.changes
+                next_tick = t + self.cycle_interval
+        end = t
+        self.end_time = end
+        while True:
+            ts = start + next_sample_k * self.sample_interval
+            if ts > end:
+                break
+            self._sample(ts)
+            next_sample_k += 1
+        result = self._result()
+        result.wall_time_s = time.perf_counter() - wall0
+        return result
+
+    def _arrive(self, t: float, aid: str) -> None:
+        job = self.jobs[aid]
+        a = job.alloc
+        self.m.allocations[aid] = a
+        self.arrivals.setdefault(job.vc if self.policy.per_vcluster else None, []).append(aid)
+        self.changes += 1
+        self._enqueue(job)
+        # the live loop pokes for new work only while some node is free; on a full
+        # cluster new work waits for freed capacity or the interval cycle
+        if self.schedule_on_arrival and any(self.free_cells.values()):
+            self.poked = True
+
+    def _enqueue(self, job: _Job) -> None:
+        a = job.alloc
+        self.m.pending[a.id] = None
+        keys = self.pending_keys.setdefault(job.vc, {})
+        sizes = keys.setdefault(job.key, {})
+        self.key_spec.setdefault(job.key, a.spec)
+        k = job.least
+        sizes[k] = sizes.get(k, 0) + 1
+        classes = self.pending_classes.setdefault(job.vc, {})
+        c = a.spec.preemption_class
+        classes[c] = classes.get(c, 0) + 1
+
+    def _dequeue(self, job: _Job) -> None:
+        a = job.alloc
+        del self.m.pending[a.id]
+        keys = self.pending_keys[job.vc]
+        sizes = keys[job.key]
+        k = job.least
+        sizes[k] -= 1
+        if not sizes[k]:
+            del sizes[k]
+            if not sizes:
+                del keys[job.key]
+        classes = self.pending_classes[job.vc]
+        c = a.spec.preemption_class
+        classes[c] -= 1
+        if not classes[c]:
+            del classes[c]
+
+    def _schedule_end(self, t: float, job: _Job) -> None:
+        w = job.alloc.spec.walltime_seconds
+        run = w if (w > 0 and job.remaining > w) else job.remaining
+        self._push(t + run, _END, job.alloc.id, job.gen)
+
+    def _end(self, t: float, aid: str, gen: int) -> None:
+        job = self.jobs[aid]
+        a = job.alloc
+        if gen != job.gen or a.state not in (
+            AllocationState.RUNNING,
+            AllocationState.CHECKPOINTING,
+        ):
+            return  # superseded (requeued after a checkpoint)
+        w = a.spec.walltime_seconds
+        if w > 0 and job.remaining > w:
+            outcome, state = "walltime_exceeded", AllocationState.FAILED
+        elif job.exit == 0:
+            outcome, state = "completed", AllocationState.COMPLETED
+        else:
+            outcome, state = "failed", AllocationState.FAILED
+        was_running = a.state == AllocationState.RUNNING
+        self.version += 1
+        self.changes += 1
+        self._release(t, job, was_running=was_running)
+        a.state = state
+        a.finished_at = t
+        a.exit_code = job.exit if outcome != "walltime_exceeded" else None
+        a.reason = outcome if outcome != "completed" else ""
+        del self.m.holding[aid]
+        if not self.keep_history:
+            del self.m.allocations[aid]
+        job.gen += 1
+        job.end = t
+        job.outcome = outcome
+        self.running -= 1
+        self.poked = True
+
+    def _checkpoint_done(self, t: float, aid: str, gen: int) -> None:
+        job = self.jobs[aid]
+        a = job.alloc
+        if gen != job.gen or a.state != AllocationState.CHECKPOINTING:
+            return  # it ended during its checkpoint
+        job.ckpt_att += 1
+        self.version += 1
+        self.changes += 1
+        rng = random.Random(f"{self.seed}:{aid}:{job.ckpt_att}")
+        if rng.random() < self.checkpoint_success_rate:
+            job.ckpt_ok += 1
+            job.remaining = max(0.0, job.remaining - (job.preempted_at - job.run_start))
+        self._release(t, job, was_running=False)
+        a.state = AllocationState.PENDING
+        a.assigned_nodes = []
+        a.started_at = None
+        a.preempted_count += 1
+        a.resume_from_checkpoint = True
+        a.reason = "preempted"
+        del self.m.holding[aid]
+        self._enqueue(job)
+        job.preempted_count += 1
+        job.gen += 1
+        self.running -= 1
+        self.poked = True
+
+    # ------------------------------------------------------------------ nodes
+
+    def _release(self, t: float, job: _Job, *, was_running: bool) -> None:
+        a = job.alloc
+        nodes = self.m.nodes
+        dt = t - job.run_start
+        job.node_seconds += dt * len(a.assigned_nodes)
+        job.gpu_seconds += dt * job.gpus
+        for nid in a.assigned_nodes:
+            n = nodes[nid]
+            if n.owner == a.id:
+                n.owner = ""
+                n.owner_tenant = ""
+                n.owner_vcluster = ""
+                if n.state == NodeState.READY and not n.disabled:
+                    cell = (self.sig_of[nid], n.home_vcluster)
+                    self.free_cells[cell] += 1
+        self.busy_nodes -= len(a.assigned_nodes)
+        self.busy_gpus -= job.gpus
+        tenant = a.spec.tenant
+        left = self.tenant_busy[tenant] - len(a.assigned_nodes)
+        if left:
+            self.tenant_busy[tenant] = left
+        else:
+            del self.tenant_busy[tenant]
+        if was_running:
+            self._not_running(job)
+
+    def _not_running(self, job: _Job) -> None:
+        c = job.alloc.spec.preemption_class
+        self.running_classes[c] -= 1
+        if not self.running_classes[c]:
+            del self.running_classes[c]
+        for h in job.borrow_homes:
+            self.borrowers_on[h] -= 1
+        job.borrow_homes = ()
+
+    def _assign(self, t: float, p: Placement) -> bool:
+        """``AssignNodes``: the quorum's checks, then the allocation runs."""
+        job = self.jobs.get(p.allocation_id)
+        if job is None or job.alloc.state != AllocationState.PENDING or not p.node_ids:
+            self.rejected += 1
+            return False
+        nodes = self.m.nodes
+        chosen: list[Node] = []
+        for nid in p.node_ids:
+            n = nodes.get(nid)
+            if n is None or n.owner or n.state != NodeState.READY:
+                self.rejected += 1
+                return False
+            chosen.append(n)
+        if len(set(p.node_ids)) != len(p.node_ids):
+            self.rejected += 1
+            return False
+        a = job.alloc
+        self.version += 1
+        self.changes += 1
+        vc = p.vcluster or a.spec.vcluster
+        gpus = 0
+        homes: set[str] = set()
+        for n in chosen:
+            n.owner = a.id
+            n.owner_tenant = a.spec.tenant
+            n.owner_vcluster = vc
+            gpus += n.capabilities.gpu_count
+            if not n.disabled:
+                self.free_cells[(self.sig_of[n.id], n.home_vcluster)] -= 1
+            if n.home_vcluster not in ("", a.spec.vcluster):
+                homes.add(n.home_vcluster)
+        a.assigned_nodes = list(p.node_ids)
+        a.state = AllocationState.RUNNING
+        a.started_at = t
+        a.pending_reason = ""
+        a.preempted_by = ""
+        a.reason = ""
+        self._dequeue(job)
+        self.m.holding[a.id] = None
+        c = a.spec.preemption_class
+        self.running_classes[c] = self.running_classes.get(c, 0) + 1
+        job.borrow_homes = tuple(sorted(homes))
+        for h in job.borrow_homes:
+            self.borrowers_on[h] = self.borrowers_on.get(h, 0) + 1
+        k = len(chosen)
+        job.gpus = gpus
+        job.gpus_per_node = gpus // k if k else 0
+        job.run_start = t
+        if job.first_start is None:
+            job.first_start = t
+            job.backfilled = p.backfilled
+            job.groups_spanned = p.groups_spanned
+            job.conformance_fitness = p.conformance_fitness
+        self.busy_nodes += k
+        self.busy_gpus += gpus
+        self.tenant_busy[a.spec.tenant] = self.tenant_busy.get(a.spec.tenant, 0) + k
+        self.running += 1
+        self._schedule_end(t, job)
+        return True
+
+    def _preempt(self, t: float, victim_id: str, preemptor_id: str) -> bool:
+        """``PreemptAllocation``: the quorum's checks, then the victim checkpoints."""
+        v = self.jobs.get(victim_id)
+        p = self.jobs.get(preemptor_id)
+        if v is None or p is None:
+            return False
+        a, pa = v.alloc, p.alloc
+        if a.state != AllocationState.RUNNING or pa.state != AllocationState.PENDING:
+            return False
+        nodes = self.m.nodes
+        reclaim = a.spec.vcluster != pa.spec.vcluster and any(
+            nodes[nid].home_vcluster == pa.spec.vcluster for nid in a.assigned_nodes
+        )
+        vc_, pc_ = a.spec.preemption_class, pa.spec.preemption_class
+        if vc_ >= NEVER_PREEMPTED_CLASS or (vc_ >= pc_ and not reclaim):
+            return False
+        self.version += 1
+        self.changes += 1
+        a.state = AllocationState.CHECKPOINTING
+        a.preempted_by = pa.id
+        a.reason = "preempted"
+        self._not_running(v)
+        v.preempted_at = t
+        self._push(t + self.checkpoint_seconds, _CHECKPOINT, victim_id, v.gen)
+        self.preemptions += 1
+        return True
+
+    # ------------------------------------------------------------------ cycles
+
+    def _matching(self, key: tuple[object, ...]) -> frozenset[int]:
+        """Capability signatures whose nodes the policy's filter accepts for ``key``."""
+        sigs = self.match_cache.get(key)
+        if sigs is None:
+            spec = self.key_spec[key]
+            sigs = self.match_cache[key] = frozenset(
+                s for s, n in sorted(self.rep.items()) if self.policy.node_filter(n, spec)
+            )
+        return sigs
+
+    def _fits_count(self, vc: str, key: tuple[object, ...], need: int) -> bool:
+        """At least ``need`` free nodes that match ``key`` in pools ``vc`` may use
+        (its own, the shared one, and any other when it may borrow)."""
+        v = self.m.vclusters.get(vc)
+        borrow = self.policy.borrows and (v is None or v.allow_borrowing)
+        sigs = self._matching(key)
+        free = 0
+        for (s, home), count in self.free_cells.items():
+            if count and s in sigs and (home in ("", vc) or borrow):
+                free += count
+                if free >= need:
+                    return True
+        return False
+
+    def _could_place(self, vc: str) -> bool:
+        """Some pending allocation of ``vc`` has enough free matching nodes
+        (:meth:`_fits_count`). When none has, no policy can place one."""
+        keys = self.pending_keys.get(vc)
+        if not keys:
+            return False
+        return any(self._fits_count(vc, key, min(sizes)) for key, sizes in keys.items())
+
+    def _could_preempt(self, vc: str) -> bool:
+        """A pending class above a running one, or a borrower on ``vc``'s pool."""
+        if self.borrowers_on.get(vc):
+            return True
+        classes = self.pending_classes.get(vc)
+        if not classes or not self.running_classes:
+            return False
+        return max(classes) > min(self.running_classes)
+
+    def _unchanged(self, key: str | None, t: float) -> bool:
+        """Deciding now provably places nothing: since ``key``'s last decision, which
+        placed nothing, the state changed only by arrivals, none of which has as many
+        free matching nodes as it needs, and the queue still starts with that
+        decision's critical order (see :class:`rm_replay.policies.Decision`). Not
+        used when a preemption is possible (victim choice depends on the time)."""
+        memo = self.noop.get(key)
+        if not self.skip_unchanged or memo is None or memo[0] != self.version:
+            return False
+        _, seen, critical = memo
+        for aid in self.arrivals.get(key, ())[seen:]:
+            job = self.jobs[aid]
+            if self._fits_count(job.vc, job.key, job.least):
+                return False
+        if not critical:
+            return True
+        order = self.policy.queue_order(self.m, t, vcluster=key)
+        return order[: len(critical)] == critical
+
+    def _decide(self, key: str | None, t: float, *, preemptible: bool) -> tuple[int, int, int]:
+        before = self.version
+        d = self.policy.decide(
+            self.m, t, vcluster=key, topology=self.topology, home_pools=self.home_pools
+        )
+        done = self._apply(t, d)
+        if (
+            self.skip_unchanged
+            and self.version == before
+            and not preemptible
+            and d.critical_order is not None
+        ):
+            seen = len(self.arrivals.get(key, ()))
+            self.noop[key] = (self.version, seen, d.critical_order)
+        else:
+            self.noop.pop(key, None)
+        return done
+
+    def _cycle(self, t: float) -> None:
+        m = self.m
+        if not m.pending:
+            return
+        vcs = sorted(vc for vc, keys in self.pending_keys.items() if keys)
+        queued = len(m.pending)
+        placed = backfilled = preempted = 0
+        ran = False
+        t0 = time.perf_counter()
+        if self.policy.per_vcluster:
+            for vc in vcs:
+                preemptible = self.policy.preempts and self._could_preempt(vc)
+                if self.skip_unchanged and not (self._could_place(vc) or preemptible):
+                    continue
+                if not preemptible and self._unchanged(vc, t):
+                    self.skipped_unchanged += 1
+                    continue
+                ran = True
+                p, b, x = self._decide(vc, t, preemptible=preemptible)
+                placed, backfilled, preempted = placed + p, backfilled + b, preempted + x
+        elif not self.skip_unchanged or any(self._could_place(vc) for vc in vcs):
+            if self._unchanged(None, t):
+                self.skipped_unchanged += 1
+            else:
+                ran = True
+                placed, backfilled, preempted = self._decide(None, t, preemptible=False)
+        if ran:
+            self.cycles.append(
+                CycleStat(
+                    t=t,
+                    pending=queued,
+                    placed=placed,
+                    backfilled=backfilled,
+                    preempted=preempted,
+                    duration_s=time.perf_counter() - t0,
+                )
+            )
+
+    def _apply(self, t: float, d: Decision) -> tuple[int, int, int]:
+        placed = backfilled = preempted = 0
+        for p in d.placements:
+            if self._assign(t, p):
+                placed += 1
+                backfilled += p.backfilled
+        for victim, preemptor in d.preemptions:
+            preempted += self._preempt(t, victim, preemptor)
+        return placed, backfilled, preempted
+
+    # ------------------------------------------------------------------ output
+
+    def _sample(self, t: float) -> None:
+        self.samples.append(
+            UtilizationSample(
+                t=t,
+                busy_nodes=self.busy_nodes,
+                busy_gpus=self.busy_gpus,
+                total_nodes=self.total_nodes,
+                total_gpus=self.total_gpus,
+                per_tenant_busy_nodes=dict(sorted(self.tenant_busy.items())),
+                pending=len(self.m.pending),
+                running=self.running,
+            )
+        )
+
+    def _result(self) -> SimulationResult:
+        records: list[JobRecord] = []
+        last_end = None
+        end = self.end_time
+        for aid in self.arrival_order:
+            job = self.jobs[aid]
+            a = job.alloc
+            if aid not in self.m.allocations and job.end is None:
+                continue  # never arrived (stopped at max_time)
+            node_s, gpu_s = job.node_seconds, job.gpu_seconds
+            if job.end is None and a.state in (
+                AllocationState.RUNNING,
+                AllocationState.CHECKPOINTING,
+            ):
+                node_s += (end - job.run_start) * len(a.assigned_nodes)
+                gpu_s += (end - job.run_start) * job.gpus
+            if job.end is not None:
+                last_end = job.end if last_end is None else max(last_end, job.end)
+            ev = job.ev
+            records.append(
+                JobRecord(
+                    id=aid,
+                    tenant=a.spec.tenant,
+                    user=a.spec.user,
+                    vcluster=a.spec.vcluster,
+                    preemption_class=a.spec.preemption_class,
+                    nodes=a.spec.nodes,
+                    gpus_per_node=job.gpus_per_node,
+                    submit=a.submitted_at,
+                    start=job.first_start,
+                    end=job.end,
+                    walltime=float(a.spec.walltime_seconds),
+                    runtime=job.runtime,
+                    state=job.outcome,
+                    backfilled=job.backfilled,
+                    preempted_count=job.preempted_count,
+                    checkpoints_attempted=job.ckpt_att,
+                    checkpoints_succeeded=job.ckpt_ok,
+                    sensitive=ev.sensitive or a.spec.preemption_class >= NEVER_PREEMPTED_CLASS,
+                    gpu_type=ev.gpu_type,
+                    exit=job.exit,
+                    last_start=job.run_start if job.first_start is not None else None,
+                    node_seconds=node_s,
+                    gpu_seconds=gpu_s,
+                    groups_spanned=job.groups_spanned,
+                    conformance_fitness=job.conformance_fitness,
+                )
+            )
+        m = self.m
+        config: dict[str, Any] = {
+            "policy": self.policy.name,
+            "cycle_interval": self.cycle_interval,
+            "schedule_on_arrival": self.schedule_on_arrival,
+            "backfill_depth": self.backfill_depth,
+            "seed": self.seed,
+            "checkpoint_success_rate": self.checkpoint_success_rate,
+            "checkpoint_seconds": self.checkpoint_seconds,
+            "sample_interval": self.sample_interval,
+            "default_vcluster": self.default_vcluster,
+            "max_time": self.max_time,
+            "rm_replay_version": __version__,
+            "vclusters": {
+                name: {
+                    "scheduler_type": v.scheduler_type.value,
+                    "backfill_depth": v.backfill_depth,
+                    "allow_borrowing": v.allow_borrowing,
+                    "weights": weights_as_mapping(v.weights),
+                }
+                for name, v in sorted(m.vclusters.items())
+            },
+            "tenants": {
+                name: {
+                    "fair_share_target": t.fair_share_target,
+                    "max_nodes": t.max_nodes,
+                    "max_concurrent_allocations": t.max_concurrent_allocations,
+                    "gpu_hours_budget": t.gpu_hours_budget,
+                    "node_hours_budget": t.node_hours_budget,
+                }
+                for name, t in sorted(m.tenants.items())
+            },
+            "rejected_assignments": self.rejected,
+            "preemptions": self.preemptions,
+        }
+        return SimulationResult(
+            policy=self.policy.name,
+            seed=self.seed,
+            trace_name=self.trace_name,
+            inventory_summary=inventory_summary(self.inventory, m.nodes),
+            jobs=records,
+            samples=self.samples,
+            cycles=self.cycles,
+            makespan=(last_end - self.start_time) if last_end is not None else 0.0,
+            fair_share_targets={n: t.fair_share_target for n, t in sorted(m.tenants.items())},
+            sim_config=config,
+            start_time=self.start_time,
+            end_time=self.end_time,
+        )
+
+
+def simulate(
+    trace_events: Iterable[TraceEvent],
+    inventory: Inventory,
+    *,
+    policy: str = "lattice",
+    weights_by_vcluster: Mapping[str, CostWeights] | None = None,
+    cycle_interval: float = 30.0,
+    schedule_on_arrival: bool = True,
+    backfill_depth: int = 10,
+    seed: int = 0,
+    checkpoint_success_rate: float = 0.98,
+    sample_interval: float = 300.0,
+    checkpoint_seconds: float = 60.0,
+    default_vcluster: str | None = None,
+    max_time: float | None = None,
+    trace_name: str = "",
+    preemption_policy: PreemptionPolicy | None = None,
+    skip_unchanged_cycles: bool = True,
+) -> SimulationResult:
+    """Replay ``trace_events`` on ``inventory`` with ``policy`` (``lattice``, ``fcfs`` or
+    ``easy``); see the module docstring.
+
+    ``weights_by_vcluster``: from :func:`rm_replay.weights.load_weights`; vClusters it
+    does not name use ``"*"``, else their named profile, else the baseline.
+    ``default_vcluster``: the vCluster of submissions without one (default: the only
+    vCluster the weights name, else ``"default"``). ``max_time``: stop at this
+    simulated time (allocations still queued or running are ``unfinished``).
+    ``skip_unchanged_cycles``: skip the decisions that provably cannot change
+    anything (no pending allocation fits the free nodes; :meth:`Replay._unchanged`);
+    False runs the policy in every cycle (same result, slower; for checking that
+    claim)."""
+    return Replay(
+        trace_events,
+        inventory,
+        policy=policy,
+        weights_by_vcluster=weights_by_vcluster,
+        cycle_interval=cycle_interval,
+        schedule_on_arrival=schedule_on_arrival,
+        backfill_depth=backfill_depth,
+        seed=seed,
+        checkpoint_success_rate=checkpoint_success_rate,
+        checkpoint_seconds=checkpoint_seconds,
+        sample_interval=sample_interval,
+        default_vcluster=default_vcluster,
+        max_time=max_time,
+        trace_name=trace_name,
+        preemption_policy=preemption_policy,
+        skip_unchanged_cycles=skip_unchanged_cycles,
+    ).run()

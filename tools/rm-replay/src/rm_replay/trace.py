@@ -1,0 +1,450 @@
+"""Workload traces as JSON lines, in the Performance Tuning Guide's format.
+
+One event per line::
+
+    {"ts": "2026-03-01T00:00:01Z", "type": "submit", "alloc": {"id": "abc-123",
+     "nodes": 64, "gpu_type": "GH200", "walltime": "72h", "tenant": "physics",
+     "priority": 4}}
+    {"ts": "2026-03-01T00:00:05Z", "type": "complete", "alloc_id": "abc-123",
+     "duration": "68h", "exit": 0}
+
+* ``ts``: ISO 8601 (``Z`` or an offset; no offset = UTC) or a number of seconds since
+  the Unix epoch.
+* submit ``alloc`` keys: ``id`` (or a top-level ``alloc_id``; without either the
+  allocation is named ``line-<N>`` and cannot be completed by a later event),
+  ``tenant`` (required), ``nodes`` (default 1; or a range ``{"min": 2, "max": 8}``,
+  also ``min_nodes``), ``walltime``, ``gpu_type``,
+  ``gpus`` / ``gpu_count`` / ``gpus_per_node``, ``memory_gb``, ``features``,
+  ``topology`` (``tight`` / ``any``), ``user``, ``vcluster``, ``priority`` or
+  ``preemption_class`` (0..10, default 5), ``sensitive`` (true: class 10), ``name``,
+  and optionally the outcome inline: ``runtime`` / ``duration`` and ``exit``. A
+  ``constraints`` object (``gpu_type``, ``gpu_count``, ``features``, ``memory_gb``,
+  ``topology``) is read too. Other keys are ignored.
+* complete: ``alloc_id`` (or ``id``), ``duration`` (required), ``exit`` (default 0).
+* durations: a number of seconds, ``90s`` / ``30m`` / ``72h`` / ``1d`` (decimals allowed:
+  ``1.5h``), or ``HH:MM:SS`` / ``D-HH:MM:SS`` / ``MM:SS``.
+* blank lines and lines starting with ``#`` are skipped; ``"type": "meta"`` lines too.
+
+Every problem raises :class:`rm_replay.model.TraceError` (a ``ValueError``) naming
+the line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from lattice_common.duration import parse_duration
+from lattice_common.errors import LatticeError
+
+from rm_replay.model import CompleteEvent, SubmitEvent, TraceError, TraceEvent
+
+__all__ = [
+    "MAX_NODES",
+    "MAX_SECONDS",
+    "dump_trace_line",
+    "format_seconds",
+    "format_ts",
+    "iter_trace",
+    "load_trace",
+    "parse_duration_value",
+    "parse_trace_line",
+    "parse_ts",
+    "write_trace",
+]
+
+MAX_NODES = 1_000_000
+MAX_GPUS = 4096
+MAX_MEMORY_GB = 1 << 30
+MAX_SECONDS = 100 * 365 * 86400.0  # durations beyond a century are typos
+MAX_TS = 253402300799.0  # 9999-12-31T23:59:59Z
+_MIN_TS = -62135596800.0  # 0001-01-01T00:00:00Z
+MAX_CLASS = 10
+_MAX_ID = 256
+
+_DURATION_HINT = "Use seconds (a number) or a duration like 90s, 30m, 1.5h, 72h, 1d or HH:MM:SS."
+_TS_HINT = 'Use an ISO 8601 time ("2026-03-01T00:00:01Z") or seconds since the Unix epoch.'
+_LINE_HINT = (
+    'Each line is one JSON object: {"ts": ..., "type": "submit", "alloc": {...}} or '
+    '{"ts": ..., "type": "complete", "alloc_id": ..., "duration": ..., "exit": 0}.'
+)
+_DECIMAL_UNIT = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([smhd])$")
+_UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_ZERO = re.compile(r"^0+(?:\.0+)?\s*[smhd]?$")
+_decoder = msgspec.json.Decoder()
+
+
+# --------------------------------------------------------------------------- values
+
+
+_INT_TEXT = re.compile(r"^-?[0-9]{1,18}$")
+
+
+def _finite(x: float, what: str) -> float:
+    try:
+        f = float(x)
+    except (OverflowError, ValueError):
+        f = math.inf
+    if not math.isfinite(f):
+        raise TraceError(f"{what} must be a finite number, got {x!r}")
+    return f
+
+
+def parse_duration_value(value: Any, what: str = "duration") -> float:
+    """Seconds from a trace duration (see the module docstring); >= 0."""
+    if isinstance(value, bool):
+        raise TraceError(f"{what} must be a duration, got {value!r}", hint=_DURATION_HINT)
+    if isinstance(value, int | float):
+        seconds = _finite(value, what)
+    elif isinstance(value, str):
+        s = value.strip().lower()
+        m = _DECIMAL_UNIT.match(s)
+        if _ZERO.match(s):
+            seconds = 0.0
+        elif m:
+            seconds = float(m.group(1)) * _UNIT[m.group(2)]
+        else:
+            try:
+                seconds = float(parse_duration(s, field=what))
+            except LatticeError:
+                raise TraceError(f"invalid {what} {value!r}", hint=_DURATION_HINT) from None
+    else:
+        raise TraceError(f"{what} must be a duration, got {value!r}", hint=_DURATION_HINT)
+    if not 0.0 <= seconds <= MAX_SECONDS:
+        raise TraceError(
+            f"{what} out of range: {value!r} ({seconds:g} s)",
+            hint="Durations are between 0 and 100 years.",
+        )
+    return seconds
+
+
+def parse_ts(value: Any) -> float:
+    """Seconds since the Unix epoch from an ISO 8601 string or a number."""
+    if isinstance(value, bool):
+        raise TraceError(f"invalid ts {value!r}", hint=_TS_HINT)
+    if isinstance(value, int | float):
+        t = _finite(value, "ts")
+    elif isinstance(value, str):
+        s = value.strip()
+        try:
+            dt = datetime.fromisoformat(s)
+        except (ValueError, OverflowError):
+            raise TraceError(f"invalid ts {value!r}", hint=_TS_HINT) from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        try:
+            t = dt.timestamp()
+        except (OverflowError, ValueError, OSError):
+            raise TraceError(f"ts out of range: {value!r}", hint=_TS_HINT) from None
+    else:
+        raise TraceError(f"invalid ts {value!r}", hint=_TS_HINT)
+    if not _MIN_TS <= t <= MAX_TS:  # also rejects NaN
+        raise TraceError(f"ts out of range: {value!r}", hint=_TS_HINT)
+    return t
+
+
+def _int(value: Any, what: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool):
+        raise TraceError(f"{what} must be an integer, got {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and _INT_TEXT.match(value.strip()):
+        value = int(value.strip())
+    if not isinstance(value, int):
+        raise TraceError(f"{what} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise TraceError(f"{what} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _str(value: Any, what: str, *, required: bool = False) -> str:
+    if value is None and not required:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise TraceError(f"{what} must be a string, got {value!r}")
+    s = str(value).strip()
+    if required and not s:
+        raise TraceError(f"{what} must not be empty")
+    if len(s) > _MAX_ID:
+        raise TraceError(f"{what} is longer than {_MAX_ID} characters")
+    return s
+
+
+def _exit(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        s = value.strip().lower()
+        if s in ("", "0", "ok", "success", "completed"):
+            return 0
+        if _INT_TEXT.match(s) and len(s) < 11:
+            return int(s)
+        return 1  # "failed", "timeout", "walltime_exceeded", ...: any failure
+    return _int(value, "exit", -(2**31), 2**31 - 1)
+
+
+def _features(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [f for f in value.split(",") if f.strip()]
+    if not isinstance(value, list) or not all(isinstance(f, str) for f in value):
+        raise TraceError(f"features must be a list of strings, got {value!r}")
+    return tuple(f.strip() for f in value if f.strip())
+
+
+def _first(d: dict[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if k in d and d[k] is not None:
+            return d[k]
+    return None
+
+
+# --------------------------------------------------------------------------- lines
+
+
+def _submit(obj: dict[str, Any], t: float, line_no: int) -> SubmitEvent:
+    alloc = obj.get("alloc", obj.get("allocation"))
+    if alloc is None:
+        alloc = {k: v for k, v in obj.items() if k not in ("ts", "type")}
+    if not isinstance(alloc, dict):
+        raise TraceError('"alloc" must be an object', hint=_LINE_HINT)
+    cons = alloc.get("constraints")
+    if cons is None:
+        cons = {}
+    if not isinstance(cons, dict):
+        raise TraceError('"constraints" must be an object', hint=_LINE_HINT)
+    merged = {**cons, **{k: v for k, v in alloc.items() if k != "constraints"}}
+    aid = _first(merged, "id", "alloc_id")
+    if aid is None:
+        aid = obj.get("alloc_id")
+    aid = _str(aid, "alloc id") if aid is not None else ""
+    if not aid:
+        aid = f"line-{line_no}"
+    tenant = _str(merged.get("tenant"), "tenant", required=True)
+    wt = merged.get("walltime")
+    walltime = 0.0 if wt is None else parse_duration_value(wt, "walltime")
+    rt = _first(merged, "runtime", "duration")
+    runtime = None if rt is None else parse_duration_value(rt, "runtime")
+    pc = _first(merged, "preemption_class", "priority")
+    sensitive = merged.get("sensitive", False)
+    if not isinstance(sensitive, bool):
+        raise TraceError(f"sensitive must be true or false, got {sensitive!r}")
+    pclass = 5 if pc is None else _int(pc, "priority", 0, MAX_CLASS)
+    if sensitive:
+        pclass = MAX_CLASS
+    topology = _str(merged.get("topology"), "topology").lower()
+    if topology not in ("", "tight", "any", "pack"):
+        raise TraceError(
+            f"topology must be tight, any or empty, got {topology!r}",
+            hint='"tight": as few dragonfly groups as the idle cluster allows; "any": no packing.',
+        )
+    nodes_raw = merged.get("nodes", 1)
+    min_raw = merged.get("min_nodes")
+    if isinstance(nodes_raw, dict):  # the API's node range {min, max}
+        if set(nodes_raw) - {"min", "max"} or "max" not in nodes_raw:
+            raise TraceError(f"nodes must be a count or {{min, max}}, got {nodes_raw!r}")
+        min_raw = nodes_raw.get("min", min_raw)
+        nodes_raw = nodes_raw["max"]
+    nodes = _int(nodes_raw, "nodes", 1, MAX_NODES)
+    min_nodes = 0 if min_raw is None else _int(min_raw, "min_nodes", 0, nodes)
+    return SubmitEvent(
+        t=t,
+        id=aid,
+        tenant=tenant,
+        nodes=nodes,
+        min_nodes=min_nodes,
+        walltime=walltime,
+        gpu_type=_str(merged.get("gpu_type"), "gpu_type"),
+        gpus_per_node=_int(
+            _first(merged, "gpus_per_node", "gpus", "gpu_count") or 0, "gpus", 0, MAX_GPUS
+        ),
+        memory_gb=_int(merged.get("memory_gb") or 0, "memory_gb", 0, MAX_MEMORY_GB),
+        features=_features(merged.get("features")),
+        topology="" if topology == "pack" else topology,
+        user=_str(merged.get("user"), "user"),
+        vcluster=_str(merged.get("vcluster"), "vcluster"),
+        preemption_class=pclass,
+        sensitive=sensitive,
+        runtime=runtime,
+        exit=_exit(merged.get("exit")),
+        name=_str(merged.get("name"), "name"),
+    )
+
+
+def _complete(obj: dict[str, Any], t: float) -> CompleteEvent:
+    aid = _first(obj, "alloc_id", "id")
+    if aid is None and isinstance(obj.get("alloc"), dict):
+        aid = _first(obj["alloc"], "id", "alloc_id")
+    aid = _str(aid, "alloc_id", required=True)
+    dur = obj.get("duration")
+    if dur is None:
+        raise TraceError(
+            f"complete event for {aid!r} has no duration",
+            hint='Add "duration": the actual run time (e.g. "68h" or seconds).',
+        )
+    return CompleteEvent(
+        t=t, id=aid, duration=parse_duration_value(dur, "duration"), exit=_exit(obj.get("exit"))
+    )
+
+
+def parse_trace_line(line: str | bytes, line_no: int = 0) -> TraceEvent | None:
+    """One trace line -> an event, or None for a blank, comment or meta line.
+    Raises :class:`TraceError` (with ``line`` = ``line_no``) for anything else."""
+    try:
+        return _parse_line(line, line_no)
+    except TraceError as e:
+        raise e.at(line=line_no or None) from None
+
+
+def _parse_line(line: str | bytes, line_no: int) -> TraceEvent | None:
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceError("not UTF-8 text", hint=_LINE_HINT) from None
+    s = line.strip()
+    if not s or s.startswith("#"):
+        return None
+    try:
+        obj = _decoder.decode(s)
+    except (msgspec.DecodeError, UnicodeEncodeError, RecursionError) as e:
+        raise TraceError(f"not valid JSON ({e})", hint=_LINE_HINT) from None
+    if not isinstance(obj, dict):
+        raise TraceError("a trace line must be a JSON object", hint=_LINE_HINT)
+    kind = obj.get("type", obj.get("event"))
+    if kind == "meta":
+        return None
+    if kind not in ("submit", "complete"):
+        raise TraceError(
+            f'unknown event type {kind!r} (expected "submit" or "complete")', hint=_LINE_HINT
+        )
+    ts = _first(obj, "ts", "t", "time")
+    if ts is None:
+        raise TraceError('missing "ts"', hint=_TS_HINT)
+    t = parse_ts(ts)
+    return _submit(obj, t, line_no) if kind == "submit" else _complete(obj, t)
+
+
+def iter_trace(lines: Iterable[str | bytes], *, path: str | None = None) -> Iterator[TraceEvent]:
+    """Events from trace lines (numbered from 1 in errors)."""
+    for n, line in enumerate(lines, 1):
+        try:
+            ev = parse_trace_line(line, n)
+        except TraceError as e:
+            raise e.at(path=path) from None
+        if ev is not None:
+            yield ev
+
+
+def load_trace(path: str | Path) -> list[TraceEvent]:
+    """Every event of a JSON-lines trace file, in file order, checked for consistency:
+    unique submit ids, and each complete event after the submit it names."""
+    p = Path(path)
+    with p.open("rb") as f:
+        events = list(iter_trace(f, path=str(p)))
+    check_trace(events, path=str(p))
+    return events
+
+
+def check_trace(events: Iterable[TraceEvent], *, path: str | None = None) -> None:
+    """Raise :class:`TraceError` for duplicate submit ids or completions of unknown or
+    repeated allocations."""
+    seen: set[str] = set()
+    done: set[str] = set()
+    for ev in events:
+        if isinstance(ev, SubmitEvent):
+            if ev.id in seen:
+                raise TraceError(
+                    f"allocation {ev.id!r} is submitted twice",
+                    hint="Allocation ids must be unique within a trace.",
+                    path=path,
+                )
+            seen.add(ev.id)
+        else:
+            if ev.id not in seen:
+                raise TraceError(
+                    f"complete event for {ev.id!r} before (or without) its submit event",
+                    hint="Every complete event needs an earlier submit with the same id.",
+                    path=path,
+                )
+            if ev.id in done:
+                raise TraceError(f"allocation {ev.id!r} completes twice", path=path)
+            done.add(ev.id)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def format_ts(t: float) -> str | float:
+    """ISO 8601 UTC for whole seconds, else the number itself (round-trips exactly)."""
+    if float(t).is_integer() and _MIN_TS <= t <= MAX_TS:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return t
+
+
+def format_seconds(seconds: float) -> str | float:
+    """``72h`` / ``30m`` / ``90s`` / ``2d`` when exact, else the number of seconds."""
+    if float(seconds).is_integer() and seconds > 0:
+        s = int(seconds)
+        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+            if s % size == 0:
+                return f"{s // size}{unit}"
+        return f"{s}s"
+    return seconds
+
+
+def _event_obj(ev: TraceEvent) -> dict[str, Any]:
+    if isinstance(ev, CompleteEvent):
+        return {
+            "ts": format_ts(ev.t),
+            "type": "complete",
+            "alloc_id": ev.id,
+            "duration": format_seconds(ev.duration) if ev.duration else 0,
+            "exit": ev.exit,
+        }
+    alloc: dict[str, Any] = {"id": ev.id, "tenant": ev.tenant, "nodes": ev.nodes}
+    if ev.min_nodes:
+        alloc["min_nodes"] = ev.min_nodes
+    if ev.walltime:
+        alloc["walltime"] = format_seconds(ev.walltime)
+    for key, value in (
+        ("gpu_type", ev.gpu_type),
+        ("gpus", ev.gpus_per_node),
+        ("memory_gb", ev.memory_gb),
+        ("features", list(ev.features)),
+        ("topology", ev.topology),
+        ("user", ev.user),
+        ("vcluster", ev.vcluster),
+        ("name", ev.name),
+    ):
+        if value:
+            alloc[key] = value
+    alloc["priority"] = ev.preemption_class
+    if ev.sensitive:
+        alloc["sensitive"] = True
+    if ev.runtime is not None:
+        alloc["runtime"] = format_seconds(ev.runtime) if ev.runtime else 0
+        alloc["exit"] = ev.exit
+    return {"ts": format_ts(ev.t), "type": "submit", "alloc": alloc}
+
+
+_line_encoder = msgspec.json.Encoder()
+
+
+def dump_trace_line(ev: TraceEvent) -> str:
+    """One event as a trace line (no newline), readable back by :func:`parse_trace_line`."""
+    return _line_encoder.encode(_event_obj(ev)).decode()
+
+
+def write_trace(path: str | Path, events: Iterable[TraceEvent]) -> None:
+    """Write events as a JSON-lines trace."""
+    with Path(path).open("w", encoding="utf-8") as f:
+        for ev in events:
+            f.write(dump_trace_line(ev))
+            f.write("\n")
