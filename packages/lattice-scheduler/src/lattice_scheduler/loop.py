@@ -29,6 +29,7 @@ from lattice_scheduler.placement import eligible, limit_task_groups, order_pendi
 from lattice_scheduler.preemption import NEVER_PREEMPTED_CLASS, PreemptionPolicy, select_victims
 from lattice_scheduler.solver import Pending, Proposal, solve
 from lattice_scheduler.topology import TopologyModel
+from lattice_scheduler.trace_capture import TraceCapture
 
 log = logging.getLogger("lattice.scheduler")
 
@@ -75,11 +76,13 @@ class Scheduler:
         *,
         cycle_interval: float = 5.0,
         reconnect_delay: float = 0.5,
+        trace: TraceCapture | None = None,
     ) -> None:
         self.quorum = quorum
         self.vclusters = list(vclusters)
         self.cycle_interval = cycle_interval
         self.reconnect_delay = reconnect_delay
+        self.trace = trace
         self.mirror = StateMirror()
         self.preemption_policy = PreemptionPolicy()
         self.synced = asyncio.Event()
@@ -111,6 +114,8 @@ class Scheduler:
             try:
                 async for delta in self.quorum.watch():
                     self.mirror.apply(delta)
+                    if self.trace is not None:
+                        self.trace.observe(delta)
                     if delta.snapshot:
                         self.synced.set()
                         self.poke()

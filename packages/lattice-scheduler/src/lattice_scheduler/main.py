@@ -50,10 +50,21 @@ async def run(args: argparse.Namespace) -> None:
     )
     vclusters = [v.strip() for arg in args.vcluster for v in arg.split(",") if v.strip()]
     token = cfg.api.agent_token.get_secret_value() if cfg.api.agent_token else None
+    trace = None
+    if cfg.scheduling.trace_capture:
+        from lattice_scheduler.trace_capture import TraceCapture
+
+        if not cfg.scheduling.trace_path:
+            raise LatticeError(
+                "scheduling.trace_capture is on but scheduling.trace_path is empty",
+                hint="Set scheduling.trace_path to a local JSONL file.",
+            )
+        trace = TraceCapture(cfg.scheduling.trace_path)
     sched = Scheduler(
         RemoteQuorum(Endpoints(args.quorum_endpoint), token=token),
         vclusters,
         cycle_interval=interval,
+        trace=trace,
     )
     await run_until_signal(sched.run())
 
