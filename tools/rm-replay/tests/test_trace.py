@@ -30,6 +30,7 @@ from rm_replay.trace import (
     parse_duration_value,
     parse_trace_line,
     parse_ts,
+    read_trace,
     write_trace,
 )
 from rm_replay.weights import ANY_VCLUSTER, load_weights, weights_for, weights_from_yaml_data
@@ -214,8 +215,17 @@ def test_load_trace_reports_the_file_and_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("lines", "needle"),
     [
-        (['{"ts": 0, "type": "submit", "alloc": {"id": "a", "tenant": "t"}}'] * 2, "twice"),
-        (['{"ts": 0, "type": "complete", "alloc_id": "a", "duration": 1}'], "before"),
+        (
+            ['{"ts": 0, "type": "submit", "alloc": {"id": "a", "tenant": "t"}}'] * 2,
+            "submitted twice",
+        ),
+        (
+            [
+                '{"ts": 0, "type": "submit", "alloc": {"id": "a", "tenant": "t"}}',
+                *['{"ts": 1, "type": "complete", "alloc_id": "a", "duration": 1}'] * 2,
+            ],
+            "completes twice",
+        ),
     ],
 )
 def test_inconsistent_traces(tmp_path: Path, lines: list[str], needle: str) -> None:
@@ -223,6 +233,24 @@ def test_inconsistent_traces(tmp_path: Path, lines: list[str], needle: str) -> N
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(TraceError, match=needle):
         load_trace(path)
+
+
+def test_completions_without_a_submission_are_left_out(tmp_path: Path) -> None:
+    """A captured trace starts with work already running: its completions come
+    without submissions. A completion may also come before its submission."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"ts": 0, "type": "complete", "alloc_id": "old", "duration": 5}\n'
+        '{"ts": 1, "type": "complete", "alloc_id": "b", "duration": 7}\n'
+        '{"ts": 0, "type": "submit", "alloc": {"id": "b", "tenant": "t"}}\n'
+    )
+    events, orphans = read_trace(path)
+    assert orphans == ["old"]
+    assert [(type(e).__name__, e.id) for e in events] == [
+        ("CompleteEvent", "b"),
+        ("SubmitEvent", "b"),
+    ]
+    assert load_trace(path) == events
 
 
 _json_values = st.recursive(

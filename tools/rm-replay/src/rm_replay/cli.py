@@ -165,7 +165,7 @@ def _load_events(
     default_vcluster: str | None,
 ) -> tuple[list[TraceEvent], str]:
     from rm_replay.swf import parse_swf
-    from rm_replay.trace import load_trace
+    from rm_replay.trace import read_trace
 
     if (trace is None) == (swf is None):
         _fail(
@@ -173,7 +173,14 @@ def _load_events(
             "--trace reads a JSON-lines trace; --swf a Standard Workload Format file.",
         )
     if trace is not None:
-        return load_trace(_need_file(trace, "--trace")), trace.stem
+        events, orphans = read_trace(_need_file(trace, "--trace"))
+        if orphans:
+            typer.echo(
+                f"rm-replay: ignored {len(orphans)} completion(s) of allocations the trace "
+                f"never submits (e.g. {orphans[0]!r}; work already running when capture began)",
+                err=True,
+            )
+        return events, trace.stem
     assert swf is not None
     _need_file(swf, "--swf")
     if cores_per_node is None:

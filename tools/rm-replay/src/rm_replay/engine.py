@@ -154,8 +154,9 @@ def jobs_from_events(
     events: Iterable[TraceEvent], *, default_vcluster: str = DEFAULT_VCLUSTER
 ) -> list[tuple[SubmitEvent, Allocation, float, int]]:
     """(submit, Pending allocation, actual runtime, exit) per submission, in arrival
-    order (submit time, then trace order). Complete events supply runtime and exit;
-    without one the submit's inline runtime, else the walltime."""
+    order (submit time, then trace order). Complete events supply runtime and exit
+    (wherever they are in the trace; one for an allocation never submitted is
+    ignored); without one the submit's inline runtime, else the walltime."""
     submits: dict[str, SubmitEvent] = {}
     order: dict[str, int] = {}
     completes: dict[str, CompleteEvent] = {}
@@ -166,9 +167,7 @@ def jobs_from_events(
             submits[ev.id] = ev
             order[ev.id] = i
         elif isinstance(ev, CompleteEvent):
-            if ev.id not in submits:
-                raise TraceError(f"complete event for unknown allocation {ev.id!r}")
-            completes[ev.id] = ev
+            completes[ev.id] = ev  # matched below; one with no submit is ignored
         else:  # pragma: no cover - typed input
             raise TypeError(f"not a trace event: {ev!r}")
     out: list[tuple[SubmitEvent, Allocation, float, int]] = []

@@ -23,7 +23,9 @@ One event per line::
 * complete: ``alloc_id`` (or ``id``), ``duration`` (required), ``exit`` (default 0).
 * durations: a number of seconds, ``90s`` / ``30m`` / ``72h`` / ``1d`` (decimals allowed:
   ``1.5h``), or ``HH:MM:SS`` / ``D-HH:MM:SS`` / ``MM:SS``.
-* blank lines and lines starting with ``#`` are skipped; ``"type": "meta"`` lines too.
+* blank lines and lines starting with ``#`` are skipped; ``"type": "meta"`` lines too;
+  completions of allocations the trace never submits are left out (a captured trace
+  begins with work that was already running).
 
 Every problem raises :class:`rm_replay.model.TraceError` (a ``ValueError``) naming
 the line.
@@ -55,6 +57,7 @@ __all__ = [
     "parse_duration_value",
     "parse_trace_line",
     "parse_ts",
+    "read_trace",
     "write_trace",
 ]
 
@@ -343,18 +346,32 @@ def iter_trace(lines: Iterable[str | bytes], *, path: str | None = None) -> Iter
 
 
 def load_trace(path: str | Path) -> list[TraceEvent]:
-    """Every event of a JSON-lines trace file, in file order, checked for consistency:
-    unique submit ids, and each complete event after the submit it names."""
+    """Every event of a JSON-lines trace file, in file order (see :func:`read_trace`;
+    completions of allocations the trace never submits are left out)."""
+    return read_trace(path)[0]
+
+
+def read_trace(path: str | Path) -> tuple[list[TraceEvent], list[str]]:
+    """(events, ids of the completions left out) of a JSON-lines trace file.
+
+    Checked for consistency: submit ids are unique and no allocation completes twice.
+    A completion whose allocation the trace never submits is left out rather than an
+    error: a captured trace (``scheduling.trace_capture``) starts with the work already
+    running when capture began, whose submissions it does not have."""
     p = Path(path)
     with p.open("rb") as f:
         events = list(iter_trace(f, path=str(p)))
-    check_trace(events, path=str(p))
-    return events
+    orphans = check_trace(events, path=str(p))
+    if orphans:
+        drop = set(orphans)
+        events = [e for e in events if not (isinstance(e, CompleteEvent) and e.id in drop)]
+    return events, orphans
 
 
-def check_trace(events: Iterable[TraceEvent], *, path: str | None = None) -> None:
-    """Raise :class:`TraceError` for duplicate submit ids or completions of unknown or
-    repeated allocations."""
+def check_trace(events: Iterable[TraceEvent], *, path: str | None = None) -> list[str]:
+    """Raise :class:`TraceError` for duplicate submit ids or repeated completions;
+    return the ids of completions whose allocation is never submitted."""
+    events = list(events)
     seen: set[str] = set()
     done: set[str] = set()
     for ev in events:
@@ -366,16 +383,19 @@ def check_trace(events: Iterable[TraceEvent], *, path: str | None = None) -> Non
                     path=path,
                 )
             seen.add(ev.id)
-        else:
-            if ev.id not in seen:
+    orphans: list[str] = []
+    for ev in events:
+        if isinstance(ev, CompleteEvent):
+            if ev.id in done:
                 raise TraceError(
-                    f"complete event for {ev.id!r} before (or without) its submit event",
-                    hint="Every complete event needs an earlier submit with the same id.",
+                    f"allocation {ev.id!r} completes twice",
+                    hint="Keep one complete event per allocation.",
                     path=path,
                 )
-            if ev.id in done:
-                raise TraceError(f"allocation {ev.id!r} completes twice", path=path)
             done.add(ev.id)
+            if ev.id not in seen:
+                orphans.append(ev.id)
+    return orphans
 
 
 # --------------------------------------------------------------------------- writing
