@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import Callable
 
-import msgspec
 from lattice_common import commands as c
 from lattice_common.errors import LatticeError
 from lattice_common.rpc import RemoteQuorum
@@ -24,9 +23,9 @@ from lattice_common.types import Allocation, AllocationState, CostWeights, Sched
 from lattice_common.watch import StateMirror
 from prometheus_client import Counter, Gauge, Histogram
 
-from lattice_scheduler import cost
+from lattice_scheduler import cost, decide
 from lattice_scheduler.placement import eligible, limit_task_groups, order_pending, plan_cycle
-from lattice_scheduler.preemption import NEVER_PREEMPTED_CLASS, PreemptionPolicy, select_victims
+from lattice_scheduler.preemption import PreemptionPolicy, select_victims
 from lattice_scheduler.solver import Pending, Proposal, solve
 from lattice_scheduler.topology import TopologyModel
 from lattice_scheduler.trace_capture import TraceCapture
@@ -339,44 +338,12 @@ class Scheduler:
         proposals: list[Proposal],
         now: float,
     ) -> tuple[list[Proposal], list[Pending]]:
-        """Elastic sharing: place still-blocked work on idle nodes of other vClusters'
-        home pools (pools whose own vCluster has nothing pending). Never sensitive
-        (class 10) work: a borrowed node can be reclaimed at any time."""
-        m = self.mirror
-        blocked = {w.allocation_id for w in waiting if w.reason == "all suitable nodes occupied"}
-        candidates = [
-            a
-            for a in pending
-            if a.id in blocked and a.spec.preemption_class < NEVER_PREEMPTED_CLASS
-        ]
-        if not candidates:
-            return [], waiting
-        busy_homes = {m.allocations[i].spec.vcluster for i in m.pending}
-        taken = {n for p in proposals for n in p.node_ids}
-        lendable = {
-            nid: msgspec.structs.replace(n, home_vcluster="")
-            for nid, n in m.nodes.items()
-            if n.home_vcluster not in ("", vc)
-            and n.home_vcluster not in busy_homes
-            and n.schedulable
-            and nid not in taken
-        }
-        if not lendable:
-            return [], waiting
-        res = solve(
-            candidates,
-            lendable,
-            [],
-            score=self._scorer(vc, now),
-            now=now,
-            backfill_depth=0,
-            vcluster=vc,
-            tenants=m.tenants,
+        borrowed, waiting = decide.borrow(
+            self.mirror, vc, pending, waiting, proposals, now, self._scorer(vc, now)
         )
-        placed = {p.allocation_id for p in res.proposals}
-        if placed:
-            BORROWED.labels(vc).inc(len(placed))
-        return res.proposals, [w for w in waiting if w.allocation_id not in placed]
+        if borrowed:
+            BORROWED.labels(vc).inc(len(borrowed))
+        return borrowed, waiting
 
     def _capacity_free(self) -> bool:
         return any(n.schedulable for n in self.mirror.nodes.values())
@@ -389,33 +356,4 @@ class Scheduler:
         waiting: list[Pending],
         now: float,
     ) -> tuple[list[Proposal], list[Pending]]:
-        """Allocations with a node range {min, max} that could not get ``max`` nodes
-        take as many free nodes as there are, down to ``min`` (services scale later)."""
-        m = self.mirror
-        blocked = {w.allocation_id for w in waiting if w.reason == "all suitable nodes occupied"}
-        ranged = [a for a in pending if a.id in blocked and a.spec.min_nodes]
-        if not ranged:
-            return proposals, waiting
-        taken = {n for p in proposals for n in p.node_ids}
-        free = {nid: n for nid, n in m.nodes.items() if nid not in taken}
-        placed: list[Proposal] = []
-        for a in ranged:
-            for k in range(a.spec.nodes - 1, a.spec.min_nodes - 1, -1):
-                trial = msgspec.structs.replace(a, spec=msgspec.structs.replace(a.spec, nodes=k))
-                res = solve(
-                    [trial],
-                    free,
-                    [],
-                    score=lambda _a: 0.0,
-                    now=now,
-                    backfill_depth=0,
-                    vcluster=vc,
-                    tenants=m.tenants,
-                )
-                if res.proposals:
-                    placed.append(res.proposals[0])
-                    for nid in res.proposals[0].node_ids:
-                        free.pop(nid, None)
-                    break
-        done = {p.allocation_id for p in placed}
-        return [*proposals, *placed], [w for w in waiting if w.allocation_id not in done]
+        return decide.shrink_ranges(self.mirror, vc, pending, proposals, waiting, now)

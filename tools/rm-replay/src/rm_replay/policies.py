@@ -43,7 +43,7 @@ from lattice_common.types import (
     SchedulerType,
 )
 from lattice_common.watch import StateMirror
-from lattice_scheduler import cost
+from lattice_scheduler import cost, decide
 from lattice_scheduler.loop import PREEMPTION_CANDIDATES_PER_CYCLE
 from lattice_scheduler.placement import (
     eligible,
@@ -53,7 +53,7 @@ from lattice_scheduler.placement import (
     plan_cycle,
     satisfies,
 )
-from lattice_scheduler.preemption import NEVER_PREEMPTED_CLASS, PreemptionPolicy, select_victims
+from lattice_scheduler.preemption import PreemptionPolicy, select_victims
 from lattice_scheduler.solver import (
     REASON_OCCUPIED,
     SOLVER_FLAGS,
@@ -278,10 +278,11 @@ def lattice_decide(
     )
     proposals = list(result.proposals)
     waiting = [*result.pending, *(Pending(w.allocation_id, w.reason) for w in limited)]
-    proposals, waiting = _shrink_ranges(m, vc, pending, proposals, waiting, now)
+    proposals, waiting = decide.shrink_ranges(m, vc, pending, proposals, waiting, now)
     borrowed: list[Proposal] = []
-    if v is None or v.allow_borrowing:
-        borrowed, waiting = _borrow(m, vc, pending, waiting, proposals, now, scorer, home_pools)
+    other_pools = home_pools is None or any(h not in ("", vc) for h in home_pools)
+    if (v is None or v.allow_borrowing) and other_pools:
+        borrowed, waiting = decide.borrow(m, vc, pending, waiting, proposals, now, scorer)
     placements = [_placement(p, vc) for p in proposals]
     placements += [_placement(p, vc, borrowed=True) for p in borrowed]
     preemptions = _preempt_for(m, vc, waiting, [*proposals, *borrowed], now, policy, home_pools)
@@ -301,92 +302,6 @@ def lattice_decide(
         reservations=list(result.reservations),
         critical_order=critical,
     )
-
-
-def _shrink_ranges(
-    m: StateMirror,
-    vc: str,
-    pending: list[Allocation],
-    proposals: list[Proposal],
-    waiting: list[Pending],
-    now: float,
-) -> tuple[list[Proposal], list[Pending]]:
-    """``Scheduler._shrink_ranges``: allocations with a node range {min, max} that
-    could not get ``max`` nodes take as many free nodes as there are, down to ``min``."""
-    blocked = {w.allocation_id for w in waiting if w.reason == REASON_OCCUPIED}
-    ranged = [a for a in pending if a.id in blocked and a.spec.min_nodes]
-    if not ranged:
-        return proposals, waiting
-    taken = {n for p in proposals for n in p.node_ids}
-    free = {nid: n for nid, n in m.nodes.items() if nid not in taken}
-    placed: list[Proposal] = []
-    for a in ranged:
-        for k in range(a.spec.nodes - 1, a.spec.min_nodes - 1, -1):
-            trial = msgspec.structs.replace(a, spec=msgspec.structs.replace(a.spec, nodes=k))
-            res = solve(
-                [trial],
-                free,
-                [],
-                score=lambda _a: 0.0,
-                now=now,
-                backfill_depth=0,
-                vcluster=vc,
-                tenants=m.tenants,
-            )
-            if res.proposals:
-                placed.append(res.proposals[0])
-                for nid in res.proposals[0].node_ids:
-                    free.pop(nid, None)
-                break
-    done = {p.allocation_id for p in placed}
-    return [*proposals, *placed], [w for w in waiting if w.allocation_id not in done]
-
-
-def _borrow(
-    m: StateMirror,
-    vc: str,
-    pending: list[Allocation],
-    waiting: list[Pending],
-    proposals: list[Proposal],
-    now: float,
-    scorer: Callable[[Allocation], float],
-    home_pools: Collection[str] | None,
-) -> tuple[list[Proposal], list[Pending]]:
-    """``Scheduler._borrow``: still-blocked work (never class 10) on idle nodes of other
-    vClusters' home pools whose vCluster has nothing pending. The loop builds a fresh
-    scorer here; the mirror has not changed since, so the same one is reused."""
-    if home_pools is not None and not any(h not in ("", vc) for h in home_pools):
-        return [], waiting  # no other pool exists: nothing to lend
-    blocked = {w.allocation_id for w in waiting if w.reason == REASON_OCCUPIED}
-    candidates = [
-        a for a in pending if a.id in blocked and a.spec.preemption_class < NEVER_PREEMPTED_CLASS
-    ]
-    if not candidates:
-        return [], waiting
-    busy_homes = {m.allocations[i].spec.vcluster for i in m.pending}
-    taken = {n for p in proposals for n in p.node_ids}
-    lendable = {
-        nid: msgspec.structs.replace(n, home_vcluster="")
-        for nid, n in m.nodes.items()
-        if n.home_vcluster not in ("", vc)
-        and n.home_vcluster not in busy_homes
-        and n.schedulable
-        and nid not in taken
-    }
-    if not lendable:
-        return [], waiting
-    res = solve(
-        candidates,
-        lendable,
-        [],
-        score=scorer,
-        now=now,
-        backfill_depth=0,
-        vcluster=vc,
-        tenants=m.tenants,
-    )
-    placed = {p.allocation_id for p in res.proposals}
-    return list(res.proposals), [w for w in waiting if w.allocation_id not in placed]
 
 
 def _preempt_for(
