@@ -14,6 +14,13 @@ def _set_weights(h, **weights: float) -> None:
     args = [f"--{k.replace('_', '-')}={v}" for k, v in weights.items()]
     out = h.cli("admin", "vcluster", "set-weights", "--name", "default", *args)
     assert out.returncode == 0, out.stderr
+    shown = h.cli("admin", "vcluster", "show", "default")
+    assert shown.returncode == 0, shown.stderr
+    for k, v in weights.items():
+        assert (
+            f"Weight {k}:" in shown.stdout
+            and f" {v:g}" in shown.stdout.split(f"Weight {k}:")[1].splitlines()[0]
+        )
 
 
 def _first_to_start(h, weights: dict[str, float]) -> str:

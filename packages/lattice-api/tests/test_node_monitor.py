@@ -31,3 +31,16 @@ def test_never_jumps_from_ready_straight_to_down(
         assert target in (None, N.DEGRADED)
     if target == N.DOWN:
         assert silent > timeout + grace
+
+
+def test_grace_period_kind_follows_the_node_lifecycle_table() -> None:
+    from lattice_api.node_monitor import grace_kind
+    from lattice_test_harness import builders as b
+
+    assert grace_kind(b.node("n1")) == "standard"
+    home = b.node("n2", home_vcluster="hpc", owner="a1", owner_vcluster="hpc")
+    assert grace_kind(home) == "standard"
+    borrowed = b.node("n3", home_vcluster="hpc", owner="a2", owner_vcluster="ml")
+    assert grace_kind(borrowed) == "borrowed"
+    claimed = b.node("n4", claimed_by="alice", home_vcluster="hpc", owner_vcluster="ml")
+    assert grace_kind(claimed) == "sensitive"

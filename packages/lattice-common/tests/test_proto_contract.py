@@ -28,6 +28,10 @@ WIRE: dict[type[msgspec.Struct], type[betterproto2.Message]] = {
     types.Constraints: v1.AllocationSpecConstraints,
     types.AllocationSpec: v1.AllocationSpec,
     types.Allocation: v1.Allocation,
+    types.GpuDevice: v1.GpuDevice,
+    types.GpuLink: v1.GpuLink,
+    types.MemoryDomain: v1.MemoryDomain,
+    types.MemoryInterconnect: v1.MemoryInterconnect,
     types.NodeCapabilities: v1.NodeCapabilities,
     types.Node: v1.Node,
     types.Tenant: v1.Tenant,
@@ -102,13 +106,64 @@ def _allocation() -> types.Allocation:
         task_index=7,
         task_group_concurrency=20,
         pending_reason="waiting for quota headroom",
+        checkpoint_hint_at=1700000060.5,
         revision=2**40 + 7,  # beyond 32 bits on purpose
+    )
+
+
+def _gpu() -> types.GpuDevice:
+    return types.GpuDevice(
+        index=3,
+        vendor="Nvidia",
+        model="GH200",
+        memory_bytes=96 * 2**30,
+        compute_capability="9.0",
+        numa_node=0,  # an explicit 0 survives (optional)
+        nic_affinity="hsn3",
+    )
+
+
+def _gpu_link() -> types.GpuLink:
+    return types.GpuLink(
+        gpu_a=1, gpu_b=2, link_type=types.GpuLinkType.NVSWITCH, bandwidth_gbps=900.0
+    )
+
+
+def _memory_domain() -> types.MemoryDomain:
+    return types.MemoryDomain(
+        id=1,
+        domain_type=types.MemoryDomainType.UNIFIED,
+        capacity_bytes=576 * 2**30,
+        numa_node=1,
+        cpulist="72-143",
+        cpu_count=72,
+        attached_gpus=[1],
+    )
+
+
+def _memory_interconnect() -> types.MemoryInterconnect:
+    return types.MemoryInterconnect(
+        domain_a=2,
+        domain_b=1,
+        link_type=types.MemoryLinkType.COHERENT_FABRIC,
+        distance=40,
+        bandwidth_gbps=900.0,
     )
 
 
 def _capabilities() -> types.NodeCapabilities:
     return types.NodeCapabilities(
-        cpu_cores=288, memory_gb=896, gpu_type="GH200", gpu_count=4, features=["nvme_scratch"]
+        cpu_cores=288,
+        memory_gb=896,
+        gpu_type="GH200",
+        gpu_count=4,
+        features=["nvme_scratch"],
+        gpus=[_gpu()],
+        gpu_links=[_gpu_link()],
+        memory_domains=[_memory_domain()],
+        memory_interconnects=[_memory_interconnect()],
+        unified_memory=True,
+        cxl_memory_gb=2048,
     )
 
 
@@ -127,6 +182,10 @@ def _node() -> types.Node:
         home_vcluster="hpc-batch",
         disabled=True,
         drain_requested=True,
+        claimed_by="alice",
+        claimed_at=1700000100.0,
+        expected_conformance="cg-0001",
+        conformance_drift=True,
         state_reason="maintenance",
         registered_at=1_699_000_000.0,
         revision=99,
@@ -193,6 +252,10 @@ SAMPLES: dict[type[msgspec.Struct], typing.Callable[[], msgspec.Struct]] = {
     types.Constraints: _constraints,
     types.AllocationSpec: _spec,
     types.Allocation: _allocation,
+    types.GpuDevice: _gpu,
+    types.GpuLink: _gpu_link,
+    types.MemoryDomain: _memory_domain,
+    types.MemoryInterconnect: _memory_interconnect,
     types.NodeCapabilities: _capabilities,
     types.Node: _node,
     types.Tenant: _tenant,

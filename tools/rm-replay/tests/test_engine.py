@@ -282,16 +282,16 @@ def test_the_decision_is_the_real_solvers(seed: int) -> None:
 
 
 def test_the_engine_calls_the_solver(monkeypatch: pytest.MonkeyPatch) -> None:
-    import rm_replay.policies as policies
+    import lattice_scheduler.decide as decide
 
     calls: list[int] = []
-    real = policies.solve
+    real = decide.solve
 
     def counting(pending, *args, **kw):
         calls.append(len(list(pending)) if not isinstance(pending, list) else len(pending))
         return real(pending, *args, **kw)
 
-    monkeypatch.setattr(policies, "solve", counting)
+    monkeypatch.setattr(decide, "solve", counting)
     simulate([submit("a", 0), submit("b", 0)], inventory(2))
     assert calls == [2]
 

@@ -122,6 +122,7 @@ RBAC: dict[str, frozenset[Role]] = {
     "node.read": _READ | {Role.AGENT},
     "node.admin": frozenset({Role.SYSTEM_ADMIN, Role.OPERATOR, Role.TENANT_ADMIN}),
     "node.agent": frozenset({Role.AGENT, Role.SYSTEM_ADMIN}),
+    "node.release": frozenset({Role.SYSTEM_ADMIN, Role.CLAIMING_USER}),
     "tenant.read": _READ,
     "tenant.admin": frozenset({Role.SYSTEM_ADMIN}),
     "vcluster.read": _READ,

@@ -214,6 +214,9 @@ class NodeService(v1.NodeServiceBase):
     async def enable_node(self, message: v1.NodeActionRequest) -> v1.Node:
         return await self._action(message, "enable")
 
+    async def release_node_claim(self, message: v1.NodeActionRequest) -> v1.Node:
+        return await self._action(message, "release")
+
     async def register_node(self, message: v1.RegisterNodeRequest) -> v1.RegisterNodeResponse:
         if message.node is None:
             raise ValidationError("RegisterNode needs a node")
@@ -238,7 +241,8 @@ class NodeService(v1.NodeServiceBase):
         if not self.svc.member.is_leader:
             return v1.HeartbeatResponse(leader_hint=self.svc.leader_api_address())
         reports = [from_message(r, AllocationReport) for r in message.allocations]
-        out = await self.monitor.heartbeat(message.node_id, message.sequence, reports)
+        fingerprint = message.health.conformance_fingerprint if message.health else ""
+        out = await self.monitor.heartbeat(message.node_id, message.sequence, reports, fingerprint)
         gen, _ = self.svc.desired_for(message.node_id)
         return v1.HeartbeatResponse(generation=gen, reregister=bool(out.get("reregister")))
 

@@ -77,7 +77,11 @@ async def serve(
         )
     na = cfg.node_agent
     monitor = NodeMonitor(
-        member, heartbeat_timeout=na.heartbeat_timeout_seconds, grace_period=na.grace_period_seconds
+        member,
+        heartbeat_timeout=na.heartbeat_timeout_seconds,
+        grace_period=na.grace_period_seconds,
+        sensitive_grace_period=na.sensitive_grace_period_seconds,
+        borrowed_grace_period=na.borrowed_grace_period_seconds,
     )
     member.on_leadership(monitor.on_leadership)
     svc = LatticeService(member, api_addresses=api_addresses)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from lattice_common import commands as c
 from lattice_common.errors import NotLeader
-from lattice_common.types import AllocationReport, AllocationState, NodeState
+from lattice_common.types import AllocationReport, AllocationState, Node, NodeState
 from lattice_quorum.member import QuorumMember
 from prometheus_client import Gauge, Histogram
 
@@ -39,17 +39,22 @@ class NodeMonitor:
         *,
         heartbeat_timeout: float = 30.0,
         grace_period: float = 60.0,
+        sensitive_grace_period: float = 300.0,
+        borrowed_grace_period: float = 30.0,
         check_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.member = member
         self.heartbeat_timeout = heartbeat_timeout
         self.grace_period = grace_period
+        self.sensitive_grace_period = sensitive_grace_period
+        self.borrowed_grace_period = borrowed_grace_period
         self.check_interval = check_interval
         self.clock = clock
         self.last_seen: dict[str, float] = {}
         self.sequence: dict[str, int] = {}
         self._inflight: set[str] = set()
+        self._conformance_inflight: set[str] = set()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -68,9 +73,17 @@ class NodeMonitor:
             self.last_seen = dict.fromkeys(ids, now)
 
     async def heartbeat(
-        self, node_id: str, sequence: int, reports: list[AllocationReport]
+        self,
+        node_id: str,
+        sequence: int,
+        reports: list[AllocationReport],
+        conformance_fingerprint: str = "",
     ) -> dict[str, object]:
-        """Record a heartbeat; returns what the agent should know (re-register?)."""
+        """Record a heartbeat; returns what the agent should know (re-register?).
+
+        A ``conformance_fingerprint`` that differs from the node's committed
+        conformance group is proposed as ReportConformance (the quorum records drift);
+        an unchanged one costs nothing."""
         if not self.member.is_leader:
             raise NotLeader(
                 "this quorum member is not the leader", hint="Retry against the leader."
@@ -92,6 +105,20 @@ class NodeMonitor:
             )
         elif node.state in (NodeState.DOWN, NodeState.UNKNOWN) and not node.disabled:
             return {"accepted": True, "reregister": True}
+        if (
+            conformance_fingerprint
+            and conformance_fingerprint != node.conformance_group
+            and node_id not in self._conformance_inflight
+        ):
+            self._conformance_inflight.add(node_id)
+            try:
+                await self._propose(
+                    c.ReportConformance(
+                        node_id=node_id, fingerprint=conformance_fingerprint, now=time.time()
+                    )
+                )
+            finally:
+                self._conformance_inflight.discard(node_id)
         await self.handle_reports(node_id, reports)
         return {"accepted": True, "reregister": False}
 
@@ -172,11 +199,18 @@ class NodeMonitor:
 
     async def check(self) -> None:
         now = self.clock()
-        nodes = self.member.read(lambda s: [(n.id, n.state) for n in s.nodes.values()])
-        for node_id, state in nodes:
+        nodes = self.member.read(
+            lambda s: [(n.id, n.state, grace_kind(n)) for n in s.nodes.values()]
+        )
+        graces = {
+            "standard": self.grace_period,
+            "sensitive": self.sensitive_grace_period,
+            "borrowed": self.borrowed_grace_period,
+        }
+        for node_id, state, kind in nodes:
             silent = now - self.last_seen.setdefault(node_id, now)
             target = health_after_silence(
-                state, silent, timeout=self.heartbeat_timeout, grace=self.grace_period
+                state, silent, timeout=self.heartbeat_timeout, grace=graces[kind]
             )
             if target is not None:
                 await self._propose(
@@ -192,6 +226,17 @@ class NodeMonitor:
         counts = self.member.read(lambda s: [n.state for n in s.nodes.values()])
         for st in NodeState:
             NODES_TOTAL.labels(st.value).set(sum(1 for x in counts if x == st))
+
+
+def grace_kind(n: Node) -> str:
+    """Which Degraded -> Down grace period applies (Node Lifecycle table): sensitive
+    (claimed) nodes wait longest, borrowed nodes (held by another vCluster than their
+    home) shortest, so their home vCluster gets them back quickly."""
+    if n.claimed_by:
+        return "sensitive"
+    if n.owner and n.home_vcluster and n.owner_vcluster not in ("", n.home_vcluster):
+        return "borrowed"
+    return "standard"
 
 
 def health_after_silence(

@@ -89,7 +89,9 @@ class RestApi:
         r.add_post("/api/v1/nodes/register", self.register_node)
         r.add_get("/api/v1/nodes/{id}", self.get_node)
         r.add_post("/api/v1/nodes/{id}/heartbeat", self.heartbeat)
-        r.add_post("/api/v1/nodes/{id}/{action:drain|undrain|disable|enable}", self.node_action)
+        r.add_post(
+            "/api/v1/nodes/{id}/{action:drain|undrain|disable|enable|release}", self.node_action
+        )
         r.add_get("/api/v1/tenants", self.list_tenants)
         r.add_post("/api/v1/tenants", self.create_tenant)
         r.add_get("/api/v1/tenants/{name}", self.get_tenant)
@@ -298,7 +300,10 @@ class RestApi:
         except msgspec.ValidationError as e:
             raise ValidationError(f"invalid reports: {e}") from None
         out = await self.monitor.heartbeat(
-            request.match_info["id"], int(body.get("sequence") or 0), reports
+            request.match_info["id"],
+            int(body.get("sequence") or 0),
+            reports,
+            str(body.get("conformance_fingerprint") or ""),
         )
         return json_response(out)
 

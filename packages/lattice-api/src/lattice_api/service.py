@@ -234,11 +234,15 @@ class LatticeService:
         return msgspec.structs.replace(n)
 
     async def node_action(self, who: Identity, node_id: str, action: str, reason: str = "") -> Node:
-        authorize(who, "node.admin")
+        authorize(who, "node.release" if action == "release" else "node.admin")
         self.get_node(who, node_id)
         now = time.time()
         cmd: c.Command
-        if action == "drain":
+        if action == "release":
+            cmd = c.ReleaseNodeClaim(
+                node_id=node_id, user=who.user, admin=who.role == Role.SYSTEM_ADMIN, now=now
+            )
+        elif action == "drain":
             cmd = c.DrainNode(node_id=node_id, reason=reason, now=now)
         elif action == "undrain":
             cmd = c.UndrainNode(node_id=node_id, now=now)

@@ -71,6 +71,14 @@ class ClusterError(RuntimeError):
     pass
 
 
+# vClusters a dev cluster creates get their scheduler type from their name
+DEV_SCHEDULER_TYPES = {
+    "interactive": "interactive-fifo",
+    "service": "service-binpack",
+    "sensitive": "sensitive-reservation",
+}
+
+
 class LocalCluster:
     def __init__(
         self,
@@ -311,7 +319,7 @@ class LocalCluster:
     def ensure_defaults(self, leader: Member) -> None:
         self._post(leader.rest_url + "/api/v1/tenants", {"name": self.tenant}, ok_conflict=True)
         for vc in self.vclusters:
-            st = "interactive-fifo" if vc == "interactive" else "hpc-backfill"
+            st = DEV_SCHEDULER_TYPES.get(vc, "hpc-backfill")
             self._post(
                 leader.rest_url + "/api/v1/vclusters",
                 {"name": vc, "scheduler_type": st, "cycle_interval_seconds": self.cycle_interval},

@@ -852,12 +852,16 @@ def _node_action(ctx: typer.Context, node_id: str, action: str, reason: str, out
     fmt = st.output(output)
 
     async def go(client: Any) -> Any:
+        if action == "release":
+            return await client.release_node_claim(node_id)
         method = getattr(client, f"{action}_node")
         return await method(node_id, reason=reason)
 
     node = run_api(st, go)
     if fmt in ("json", "yaml"):
         emit(st, fmt, node.raw)
+    elif action == "release" and not st.quiet:
+        print(f"Node {node.id or node_id} released; it is {node.state} and unclaimed")
     elif not st.quiet:
         print(f"Node {node.id or node_id} is now {node.state}")
 
@@ -905,6 +909,12 @@ def node_enable(
 ) -> None:
     """Put a disabled node back into service."""
     _node_action(ctx, node_id, "enable", reason, output)
+
+
+@node_app.command("release")
+def node_release(ctx: typer.Context, node_id: NodeArg, output: OutputOpt = None) -> None:
+    """End your sensitive claim on an idle node (administrators: anyone's claim)."""
+    _node_action(ctx, node_id, "release", "", output)
 
 
 # --------------------------------------------------------------------------- admin
@@ -1059,7 +1069,7 @@ def vcluster_create(
     name: Annotated[str, typer.Option("--name", help="vCluster name.")],
     scheduler: Annotated[
         SchedulerType,
-        typer.Option("--scheduler", help="Scheduling policy of the vCluster."),
+        typer.Option("--scheduler-type", "--scheduler", help="Scheduling policy of the vCluster."),
     ] = SchedulerType.hpc_backfill,
     tenant: Annotated[
         str, typer.Option("--tenant", help="Owning tenant (empty: shared by all tenants).")
@@ -1108,6 +1118,24 @@ def vcluster_list(ctx: typer.Context, output: OutputOpt = None) -> None:
 
     raws = [v.raw for v in run_api(st, go)]
     emit(st, st.output(output), raws, lambda: out.vcluster_table(raws))
+
+
+@vcluster_app.command("show")
+def vcluster_show(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="vCluster name.", metavar="NAME")],
+    output: OutputOpt = None,
+) -> None:
+    """Show one vCluster: scheduler type, cycle, backfill depth and its weights."""
+    from lattice_cli import output as out
+
+    st = _state(ctx)
+
+    async def go(client: Any) -> Any:
+        return await client.get_vcluster(name)
+
+    raw = run_api(st, go).raw
+    emit(st, st.output(output), raw, lambda: out.vcluster_detail(raw))
 
 
 WEIGHTS = (

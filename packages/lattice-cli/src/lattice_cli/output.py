@@ -17,7 +17,7 @@ DASH = "—"
 ALLOCATION_COLUMNS = ("ID", "NAME", "STATE", "NODES", "WALLTIME", "ELAPSED", "VCLUSTER")
 ALLOCATION_WIDE_COLUMNS = ("TENANT", "PROJECT", "UENV", "GPU_TYPE", "NODELIST", "REASON")
 NODE_COLUMNS = ("NODE", "STATE", "GPUS", "VCLUSTER", "TENANT", "GROUP", "CONFORMANCE")
-NODE_WIDE_COLUMNS = ("HOSTNAME", "CPUS", "MEMORY", "OWNER", "REASON")
+NODE_WIDE_COLUMNS = ("HOSTNAME", "CPUS", "MEMORY", "OWNER", "CLAIMED_BY", "REASON")
 TENANT_COLUMNS = (
     "NAME",
     "MAX_NODES",
@@ -351,6 +351,7 @@ def node_row(node: dict[str, Any], *, wide: bool = False) -> list[str]:
             _text(caps.get("cpu_cores") or None),
             f"{memory}G" if memory else DASH,
             _text(node.get("owner")),
+            _text(node.get("claimed_by")),
             _text(node.get("state_reason")),
         ]
     return row
@@ -381,6 +382,7 @@ def node_detail(node: dict[str, Any]) -> str:
             ("Owner tenant", node.get("owner_tenant")),
             ("Owner vCluster", node.get("owner_vcluster")),
             ("Home vCluster", node.get("home_vcluster")),
+            ("Claimed by", node.get("claimed_by")),
         ]
     )
 
@@ -408,6 +410,24 @@ def tenant_table(tenants: Iterable[dict[str, Any]]) -> str:
         for t in tenants
     ]
     return render_table(TENANT_COLUMNS, rows)
+
+
+def vcluster_detail(v: dict[str, Any]) -> str:
+    """``lattice admin vcluster show NAME``: its policy and its cost-function weights."""
+    cycle = v.get("cycle_interval_seconds")
+    borrowing = v.get("allow_borrowing")
+    weights = v.get("weights") or {}
+    return key_values(
+        [
+            ("vCluster", v.get("name")),
+            ("Scheduler type", v.get("scheduler_type")),
+            ("Tenant", v.get("tenant") or None),
+            ("Cycle interval", f"{_number(cycle)}s" if cycle is not None else None),
+            ("Backfill depth", v.get("backfill_depth")),
+            ("Lends idle nodes", None if borrowing is None else ("yes" if borrowing else "no")),
+            *((f"Weight {k}", _number(w)) for k, w in weights.items()),
+        ]
+    )
 
 
 def vcluster_table(vclusters: Iterable[dict[str, Any]]) -> str:

@@ -40,6 +40,16 @@ class RegisterNode(Command, tag="register_node"):
     home_vcluster: str = ""
 
 
+class ReportConformance(Command, tag="report_conformance"):
+    """An agent's conformance fingerprint changed (spec: Node Conformance). It becomes
+    the node's conformance_group; one that differs from the node's baseline
+    (expected_conformance) marks the node drifted, one that matches clears the drift.
+    Running work is never touched."""
+
+    node_id: str
+    fingerprint: str
+
+
 class SubmitAllocation(Command, tag="submit_allocation"):
     spec: AllocationSpec
 
@@ -64,6 +74,26 @@ class AssignNodes(Command, tag="assign_nodes"):
 
     allocation_id: str
     node_ids: list[str]
+    expected_revision: int = 0
+    vcluster: str = ""
+
+
+class ReleaseNodeClaim(Command, tag="release_node_claim"):
+    """End a sensitive claim on an idle node. ``user``: who asks (must be the claiming
+    user unless ``admin``)."""
+
+    node_id: str
+    user: str = ""
+    admin: bool = False
+
+
+class ScaleAllocation(Command, tag="scale_allocation"):
+    """Grow (``add_node_ids``) or shrink (``remove_node_ids``) a running allocation
+    with a node range {min_nodes, nodes}; the result stays within the range."""
+
+    allocation_id: str
+    add_node_ids: list[str] = msgspec.field(default_factory=list)
+    remove_node_ids: list[str] = msgspec.field(default_factory=list)
     expected_revision: int = 0
     vcluster: str = ""
 
@@ -160,9 +190,12 @@ class Batch(Command, tag="batch"):
 
 AnyCommand = (
     RegisterNode
+    | ReportConformance
     | SubmitAllocation
     | SubmitTaskGroup
     | AssignNodes
+    | ReleaseNodeClaim
+    | ScaleAllocation
     | UpdateAllocationState
     | CancelAllocation
     | SetPendingReasons
@@ -233,7 +266,10 @@ __all__ = [
     "EnableNode",
     "PreemptAllocation",
     "RegisterNode",
+    "ReleaseNodeClaim",
+    "ReportConformance",
     "RequeueAllocation",
+    "ScaleAllocation",
     "SchedulerType",
     "SetNodeHealth",
     "SetPendingReasons",

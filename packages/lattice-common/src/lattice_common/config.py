@@ -303,6 +303,12 @@ class NodeAgentConfig(_Section):
     ring_buffer_lines: int = Field(default=10000, ge=1, description="live-tail lines per alloc")
     grpc_listen: str = "0.0.0.0:50053"
     metrics_listen: str = Field(default="0.0.0.0:9103", description="empty = no metrics")
+    conformance_interval_seconds: float = Field(
+        default=21600.0, gt=0, description="recompute the conformance fingerprint this often"
+    )
+    uenv_base_image_hash: str = Field(
+        default="", description="uenv base image hash, part of the conformance fingerprint"
+    )
 
     @field_validator("grpc_listen")
     @classmethod

@@ -104,6 +104,10 @@ class Constraints(msgspec.Struct, kw_only=True):
     topology: str = ""  # "tight" | "any" | ""
 
 
+NEVER_PREEMPTED_CLASS = 10
+"""Preemption class of sensitive and critical work: never a preemption victim."""
+
+
 class AllocationSpec(msgspec.Struct, kw_only=True):
     """What a user asks for. Validated by the API before anything is stored."""
 
@@ -142,6 +146,7 @@ class Allocation(msgspec.Struct, kw_only=True):
     preempted_count: int = 0
     preempted_by: str = ""  # pending allocation this one is being preempted for
     resume_from_checkpoint: bool = False  # set when requeued after preemption
+    checkpoint_hint_at: float | None = None  # when preemption asked it to checkpoint
     task_group_id: str = ""  # task group (job array) this is one task of
     task_index: int | None = None
     task_group_concurrency: int = 0  # at most this many tasks of the group run at once
@@ -153,12 +158,95 @@ class Allocation(msgspec.Struct, kw_only=True):
         return self.state in TERMINAL_STATES
 
 
+class GpuLinkType(enum.StrEnum):
+    """GPU Topology: vendor-neutral GPU-to-GPU link kinds."""
+
+    NVLINK = "NvLink"
+    NVSWITCH = "NvSwitch"
+    INFINITY_FABRIC = "InfinityFabric"
+    XGMI = "Xgmi"
+    PCIE = "Pcie"
+
+
+class MemoryDomainType(enum.StrEnum):
+    """Memory Topology: what kind of memory a domain is."""
+
+    DRAM = "Dram"
+    HBM = "Hbm"
+    CXL_ATTACHED = "CxlAttached"
+    UNIFIED = "Unified"
+
+
+class MemoryLinkType(enum.StrEnum):
+    NUMA_LINK = "NumaLink"
+    CXL_SWITCH = "CxlSwitch"
+    COHERENT_FABRIC = "CoherentFabric"
+
+
+class GpuDevice(msgspec.Struct, kw_only=True):
+    """One GPU as its node agent discovered it (spec: GPU Topology, GpuDevice)."""
+
+    index: int
+    vendor: str = ""  # "Nvidia" | "Amd"
+    model: str = ""  # "H100", "MI300X"
+    memory_bytes: int = 0
+    compute_capability: str = ""  # CUDA CC ("9.0") or GCN/CDNA arch ("gfx942")
+    numa_node: int | None = None  # NUMA node with local access (CPU affinity)
+    nic_affinity: str = ""  # the NIC closest to this GPU, "" when unknown
+
+
+class GpuLink(msgspec.Struct, kw_only=True):
+    """The connection between two GPUs of a node; ``bandwidth_gbps`` in GB/s, as the
+    spec's tables give it (NVSwitch H100 900, PCIe Gen5 64)."""
+
+    gpu_a: int
+    gpu_b: int
+    link_type: GpuLinkType = GpuLinkType.PCIE
+    bandwidth_gbps: float = 0.0
+
+
+class MemoryDomain(msgspec.Struct, kw_only=True):
+    """A memory domain (spec: Memory Topology). CPUs travel as a Linux cpulist
+    ("0-71,144-215") to keep node records small."""
+
+    id: int
+    domain_type: MemoryDomainType = MemoryDomainType.DRAM
+    capacity_bytes: int = 0
+    numa_node: int | None = None  # Linux NUMA node id, if applicable
+    cpulist: str = ""  # CPUs with local access, Linux list format
+    cpu_count: int = 0
+    attached_gpus: list[int] = msgspec.field(default_factory=list)  # local/coherent GPUs
+
+
+class MemoryInterconnect(msgspec.Struct, kw_only=True):
+    """A link between two memory domains. ``distance`` is the firmware's relative NUMA
+    distance (10 = local); ``bandwidth_gbps`` 0 when not known."""
+
+    domain_a: int
+    domain_b: int
+    link_type: MemoryLinkType = MemoryLinkType.NUMA_LINK
+    distance: int = 0
+    bandwidth_gbps: float = 0.0
+
+
+def claimant(a: Allocation) -> str:
+    """Who a sensitive allocation claims its nodes for: the submitting user."""
+    return a.spec.user or a.spec.tenant
+
+
 class NodeCapabilities(msgspec.Struct, kw_only=True):
     cpu_cores: int = 0
     memory_gb: int = 0
     gpu_type: str = ""
     gpu_count: int = 0
     features: list[str] = msgspec.field(default_factory=list)
+    # Intra-node topology reported by the agent (empty: not reported / no GPUs)
+    gpus: list[GpuDevice] = msgspec.field(default_factory=list)
+    gpu_links: list[GpuLink] = msgspec.field(default_factory=list)
+    memory_domains: list[MemoryDomain] = msgspec.field(default_factory=list)
+    memory_interconnects: list[MemoryInterconnect] = msgspec.field(default_factory=list)
+    unified_memory: bool = False  # a Unified CPU-GPU memory domain (GH200, MI300A)
+    cxl_memory_gb: int = 0  # CXL-attached (memory-only, no CPUs) capacity
 
 
 class Node(msgspec.Struct, kw_only=True):
@@ -175,6 +263,12 @@ class Node(msgspec.Struct, kw_only=True):
     home_vcluster: str = ""
     disabled: bool = False
     drain_requested: bool = False  # operator drain, kept across Down and re-registration
+    # Conformance baseline: the fingerprint the node first registered with (or an
+    # operator accepted by undrain); conformance_group is the last reported one.
+    expected_conformance: str = ""
+    conformance_drift: bool = False  # reported fingerprint differs from the baseline
+    claimed_by: str = ""  # user holding a sensitive claim on the node ("" = unclaimed)
+    claimed_at: float | None = None
     state_reason: str = ""
     registered_at: float = 0.0
     revision: int = 0
@@ -182,6 +276,10 @@ class Node(msgspec.Struct, kw_only=True):
     @property
     def schedulable(self) -> bool:
         return self.state == NodeState.READY and not self.owner
+
+    @property
+    def claimed(self) -> bool:
+        return bool(self.claimed_by)
 
 
 class Tenant(msgspec.Struct, kw_only=True):

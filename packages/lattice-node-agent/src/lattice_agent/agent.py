@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from grpclib.exceptions import GRPCError
@@ -61,13 +62,19 @@ class Agent:
         walltime_grace: float = 30.0,
         ring_buffer_lines: int = 10000,
         token: str | None = None,
+        fingerprint_source: Callable[[], str] | None = None,
+        conformance_interval: float = 6 * 3600.0,
     ) -> None:
         self.node_id = node_id
         self.endpoints = endpoints
         self.capabilities = capabilities
         self.hostname = hostname
         self.group = group
+        # the conformance fingerprint this node reports (its conformance group);
+        # fingerprint_source recomputes it every conformance_interval seconds
         self.conformance_group = conformance_group
+        self.fingerprint_source = fingerprint_source
+        self.conformance_interval = conformance_interval
         self.home_vcluster = home_vcluster
         self.listen_host = listen_host
         self.listen_port = listen_port
@@ -111,6 +118,8 @@ class Agent:
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._desired_loop(), name="desired-state"),
         ]
+        if self.fingerprint_source is not None:
+            tasks.append(asyncio.create_task(self._conformance_loop(), name="conformance"))
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -174,6 +183,7 @@ class Agent:
                 allocations=[to_message(r, v1.AllocationReport) for r in reports],
                 generation=self.generation,
                 timestamp=time.time(),
+                health=v1.HealthSummary(conformance_fingerprint=self.conformance_group),
             ),
             timeout=10,
         )
@@ -199,6 +209,31 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._beat_now.wait(), self.heartbeat_interval)
             self._beat_now.clear()
+
+    # --- conformance ------------------------------------------------------------------
+
+    async def refresh_conformance(self) -> bool:
+        """Recompute the fingerprint; True (and a heartbeat at once) when it changed."""
+        if self.fingerprint_source is None:
+            return False
+        try:
+            fp = await asyncio.to_thread(self.fingerprint_source)
+        except Exception:
+            log.exception("conformance fingerprint failed; keeping %s", self.conformance_group)
+            return False
+        if not fp or fp == self.conformance_group:
+            return False
+        log.warning(
+            "conformance fingerprint changed: %s -> %s", self.conformance_group or "(none)", fp
+        )
+        self.conformance_group = fp
+        self._beat_now.set()
+        return True
+
+    async def _conformance_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.conformance_interval)
+            await self.refresh_conformance()
 
     # --- desired state ------------------------------------------------------------------
 

@@ -1,8 +1,12 @@
-"""What this machine offers: CPU cores, memory, hostname and GPUs.
+"""What this machine offers: CPU cores, memory, hostname, GPUs and the intra-node
+topology (GPU links, memory domains).
 
-GPUs come from NVML (nvidia-ml-py) when libnvidia-ml loads, else from ``rocm-smi``
-when present; a machine with neither reports none. Operators may override any value
-with agent flags (useful for test nodes and partial hardware).
+GPUs and their links come from ``nvidia-smi`` / ``rocm-smi`` (see ``gpu_topology``),
+with NVML (nvidia-ml-py) as a fallback for the GPU model and count; NUMA domains from
+``/sys/devices/system/node`` (see ``memory_topology``). A machine without GPUs
+reports none and an empty GPU topology. Operators may override any value with agent
+flags (useful for test nodes and partial hardware); overriding the GPU type or count
+also drops the discovered GPU topology, which would contradict it.
 """
 
 from __future__ import annotations
@@ -12,8 +16,13 @@ import os
 import shutil
 import socket
 import subprocess
+from pathlib import Path
 
 from lattice_common.types import NodeCapabilities
+
+from lattice_agent.gpu_topology import GpuTopology, Runner, discover_gpu_topology, run_tool
+from lattice_agent.gpu_topology import short_gpu_name as short_gpu_name
+from lattice_agent.memory_topology import SYS_NODE_ROOT, MemoryTopology, discover_memory_topology
 
 log = logging.getLogger("lattice.agent.discovery")
 
@@ -60,14 +69,6 @@ def amd_gpus() -> tuple[str, int]:
     return (short_gpu_name(names[0]), len(names)) if names else ("", 0)
 
 
-def short_gpu_name(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'H100', 'NVIDIA GH200 480GB' -> 'GH200'."""
-    for word in name.replace("NVIDIA", "").replace("AMD", "").split():
-        if any(ch.isdigit() for ch in word) and any(ch.isalpha() for ch in word):
-            return word.upper()
-    return name.strip()
-
-
 def discover(
     *,
     cpu_cores: int | None = None,
@@ -75,18 +76,38 @@ def discover(
     gpu_type: str | None = None,
     gpu_count: int | None = None,
     features: list[str] | None = None,
+    topology: bool = True,
+    run: Runner = run_tool,
+    numa_root: Path = SYS_NODE_ROOT,
 ) -> NodeCapabilities:
     gtype, gcount = ("", 0)
+    gtopo = GpuTopology()
     if gpu_count is None or gpu_type is None:
-        gtype, gcount = nvidia_gpus()
-        if not gcount:
-            gtype, gcount = amd_gpus()
+        if topology:
+            gtopo = discover_gpu_topology(run)
+        if gtopo.gpus:
+            gtype, gcount = gtopo.gpus[0].model, len(gtopo.gpus)
+        else:
+            gtype, gcount = nvidia_gpus()
+            if not gcount:
+                gtype, gcount = amd_gpus()
+    mtopo = (
+        discover_memory_topology(gtopo.gpus, gtopo.gpu_memory_nodes, numa_root)
+        if topology
+        else MemoryTopology()
+    )
     return NodeCapabilities(
         cpu_cores=cpu_cores if cpu_cores is not None else (os.cpu_count() or 1),
         memory_gb=memory if memory is not None else memory_gb(),
         gpu_type=gpu_type if gpu_type is not None else gtype,
         gpu_count=gpu_count if gpu_count is not None else gcount,
         features=sorted(set(features or [])),
+        gpus=gtopo.gpus,
+        gpu_links=gtopo.links,
+        memory_domains=mtopo.domains,
+        memory_interconnects=mtopo.interconnects,
+        unified_memory=mtopo.unified_memory,
+        cxl_memory_gb=mtopo.cxl_memory_gb,
     )
 
 

@@ -35,7 +35,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heartbeat-interval", type=float, help="seconds between heartbeats")
     p.add_argument("--walltime-grace", type=float, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--group", type=int, default=0, help="dragonfly topology group of this node")
-    p.add_argument("--conformance-group", default="", help="conformance fingerprint group")
+    p.add_argument(
+        "--conformance-group",
+        default="",
+        help="report this conformance group instead of the computed fingerprint "
+        "(dev and test clusters)",
+    )
+    p.add_argument(
+        "--conformance-interval",
+        type=float,
+        help="seconds between conformance fingerprint recomputations (default: config, 6 h)",
+    )
+    p.add_argument(
+        "--uenv-base-image-hash",
+        help="uenv base image hash to include in the conformance fingerprint (default: config)",
+    )
     p.add_argument("--home-vcluster", default="", help="vCluster whose pool this node belongs to")
     p.add_argument(
         "--feature",
@@ -56,6 +70,7 @@ async def run(args: argparse.Namespace) -> None:
     from lattice_common.rpc import Endpoints
 
     from lattice_agent.agent import Agent
+    from lattice_agent.conformance import compute_fingerprint
     from lattice_agent.discovery import discover, hostname
 
     cfg = load_config(args.config)
@@ -64,6 +79,17 @@ async def run(args: argparse.Namespace) -> None:
     listen = args.listen or na.grpc_listen
     lhost, _, lport = listen.rpartition(":")
     token = cfg.api.agent_token.get_secret_value() if cfg.api.agent_token else None
+    uenv_hash = (
+        na.uenv_base_image_hash if args.uenv_base_image_hash is None else args.uenv_base_image_hash
+    )
+
+    def compute() -> str:
+        return compute_fingerprint(uenv_base_image_hash=uenv_hash)
+
+    # --conformance-group overrides the computed fingerprint (named groups in dev and
+    # test clusters); without it the fingerprint is computed now and every interval
+    conformance_group = args.conformance_group or compute()
+    fingerprint_source = None if args.conformance_group else compute
     agent = Agent(
         node_id=args.node_id or hostname(),
         endpoints=Endpoints(args.quorum_endpoint),
@@ -76,7 +102,9 @@ async def run(args: argparse.Namespace) -> None:
         ),
         hostname=hostname(),
         group=args.group,
-        conformance_group=args.conformance_group,
+        conformance_group=conformance_group,
+        fingerprint_source=fingerprint_source,
+        conformance_interval=args.conformance_interval or na.conformance_interval_seconds,
         home_vcluster=args.home_vcluster,
         work_dir=Path(args.work_dir or na.work_dir),
         log_dir=Path(args.log_dir or na.log_dir),

@@ -17,6 +17,7 @@ from lattice_common.errors import (
     LatticeError,
     NotFound,
     OwnershipConflict,
+    PermissionDenied,
     QuotaExceeded,
     StaleRevision,
     ValidationError,
@@ -24,14 +25,18 @@ from lattice_common.errors import (
 from lattice_common.state_machine import check_node_transition, check_transition
 from lattice_common.types import (
     HOLDING_STATES,
+    NEVER_PREEMPTED_CLASS,
     Allocation,
+    AllocationSpec,
     AllocationState,
     CostWeights,
     Node,
     NodeState,
     RequeuePolicy,
+    SchedulerType,
     Tenant,
     VCluster,
+    claimant,
 )
 
 
@@ -49,6 +54,8 @@ class GlobalState(msgspec.Struct, kw_only=True):
     task_groups: dict[str, list[str]] = msgspec.field(default_factory=dict)  # group id -> task ids
     # Index of allocations holding nodes (Staging/Running/Checkpointing), for quotas.
     active: dict[str, None] = msgspec.field(default_factory=dict)
+    # System-wide hard limit on nodes claimed for sensitive use (None = no limit)
+    sensitive_pool_size: int | None = None
 
 
 class Changes(msgspec.Struct, kw_only=True):
@@ -138,7 +145,8 @@ def _register_node(state: GlobalState, cmd: c.RegisterNode, ch: Changes) -> c.Co
     n.hostname = cmd.hostname
     n.capabilities = cmd.capabilities
     n.group = cmd.group
-    n.conformance_group = cmd.conformance_group
+    if cmd.conformance_group:  # "" = not reported: keep what we know
+        n.conformance_group = cmd.conformance_group
     n.agent_address = cmd.agent_address
     if cmd.home_vcluster:
         n.home_vcluster = cmd.home_vcluster
@@ -149,6 +157,52 @@ def _register_node(state: GlobalState, cmd: c.RegisterNode, ch: Changes) -> c.Co
         # an operator's drain survives the node going down and coming back
         n.state = NodeState.DRAINED if n.drain_requested else NodeState.READY
         n.state_reason = ""
+    _check_conformance(n)
+    _touch_node(state, n, ch)
+    return c.CommandResult(revision=state.revision, node=n)
+
+
+CONFORMANCE_DRIFT = "conformance_drift"
+
+
+def _check_conformance(n: Node) -> None:
+    """Compare the node's reported fingerprint (conformance_group) with its baseline.
+
+    The first fingerprint a node reports becomes its baseline (expected_conformance).
+    A different one later is drift: recorded on the node (conformance_drift and a
+    state_reason "conformance_drift: expected=<a>, actual=<b>", unless another reason
+    is already there), nothing else changes: running work continues, and the node
+    scores lower on f9 because it now sits in a smaller conformance group. A report
+    matching the baseline again (remediated) clears it."""
+    actual = n.conformance_group
+    if not actual:
+        return
+    if not n.expected_conformance:
+        n.expected_conformance = actual
+    drifted = actual != n.expected_conformance
+    was_reason = n.state_reason.startswith(CONFORMANCE_DRIFT)
+    n.conformance_drift = drifted
+    if drifted and (not n.state_reason or was_reason):
+        n.state_reason = f"{CONFORMANCE_DRIFT}: expected={n.expected_conformance}, actual={actual}"
+    elif not drifted and was_reason:
+        n.state_reason = ""
+    if drifted and n.claimed_by and n.state == NodeState.READY:
+        # a sensitive node must not take new claims until remediated and verified; an
+        # operator undrains it afterwards (Drained -> Ready)
+        n.drain_requested = True
+        n.state = NodeState.DRAINING if n.owner else NodeState.DRAINED
+        n.state_reason = f"{CONFORMANCE_DRIFT}: expected={n.expected_conformance}, actual={actual}"
+
+
+def _report_conformance(
+    state: GlobalState, cmd: c.ReportConformance, ch: Changes
+) -> c.CommandResult:
+    n = _node(state, cmd.node_id)
+    if not cmd.fingerprint or cmd.fingerprint == n.conformance_group:
+        return c.CommandResult(revision=state.revision, node=n)
+    _bump(state)
+    n.conformance_group = cmd.fingerprint
+    _check_conformance(n)
     _touch_node(state, n, ch)
     return c.CommandResult(revision=state.revision, node=n)
 
@@ -169,6 +223,7 @@ def _set_node_health(state: GlobalState, cmd: c.SetNodeHealth, ch: Changes) -> c
     _bump(state)
     n.state = cmd.state
     n.state_reason = cmd.reason
+    _check_conformance(n)  # a drifted node that recovers keeps saying so
     if cmd.state == NodeState.DOWN:
         _fail_node_allocations(state, n, cmd.now, "node_failure", ch)
     _touch_node(state, n, ch)
@@ -221,6 +276,12 @@ def _undrain_node(state: GlobalState, cmd: c.UndrainNode, ch: Changes) -> c.Comm
     n.drain_requested = False
     n.state = NodeState.READY
     n.state_reason = ""
+    if n.conformance_drift:
+        # undrain after maintenance is the operator's approval of the node as it is
+        # now (spec: rolling upgrades, drift remediation): its fingerprint becomes
+        # the baseline
+        n.expected_conformance = n.conformance_group
+        n.conformance_drift = False
     _touch_node(state, n, ch)
     return c.CommandResult(revision=state.revision, node=n)
 
@@ -244,6 +305,7 @@ def _enable_node(state: GlobalState, cmd: c.EnableNode, ch: Changes) -> c.Comman
     n.disabled = False
     n.state = NodeState.DRAINED if n.drain_requested else NodeState.READY
     n.state_reason = ""
+    _check_conformance(n)
     _touch_node(state, n, ch)
     return c.CommandResult(revision=state.revision, node=n)
 
@@ -257,6 +319,7 @@ def _submit(state: GlobalState, cmd: c.SubmitAllocation, ch: Changes) -> c.Comma
         existing = state.allocations[state.request_ids[spec.request_id]]
         return c.CommandResult(revision=state.revision, allocation=existing)
     _check_names(state, spec.tenant, spec.vcluster)
+    spec = _admitted(state, spec)
     _bump(state)
     a = Allocation(id=_next_id(state, cmd.now), spec=spec, submitted_at=cmd.now)
     state.allocations[a.id] = a
@@ -264,6 +327,15 @@ def _submit(state: GlobalState, cmd: c.SubmitAllocation, ch: Changes) -> c.Comma
         state.request_ids[spec.request_id] = a.id
     _touch_alloc(state, a, ch)
     return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def _admitted(state: GlobalState, spec: AllocationSpec) -> AllocationSpec:
+    """Sensitive work runs at the highest class, whatever was asked ("Priority is fixed
+    at the highest level"): it is never preempted."""
+    v = state.vclusters.get(spec.vcluster)
+    if v is not None and v.scheduler_type == SchedulerType.SENSITIVE_RESERVATION:
+        return msgspec.structs.replace(spec, preemption_class=NEVER_PREEMPTED_CLASS)
+    return spec
 
 
 MAX_TASKS_PER_GROUP = 10_000
@@ -287,6 +359,7 @@ def _submit_task_group(state: GlobalState, cmd: c.SubmitTaskGroup, ch: Changes) 
         members = [state.allocations[i] for i in state.task_groups.get(gid, [])]
         return c.CommandResult(revision=state.revision, task_group_id=gid, allocations=members)
     _check_names(state, spec.tenant, spec.vcluster)
+    spec = _admitted(state, spec)
     step = cmd.step or 1
     indexes = range(cmd.start, cmd.end + 1, step)
     if (
@@ -385,26 +458,12 @@ def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandRes
                 f"node {n.id} changed since revision {cmd.expected_revision}",
                 details={"expected_revision": cmd.expected_revision, "current": n.revision},
             )
-        if n.owner:
-            raise OwnershipConflict(
-                f"node {n.id} is already owned by allocation {n.owner}",
-                details={"node": n.id, "owner": n.owner},
-            )
-        if n.state != NodeState.READY:
-            raise OwnershipConflict(
-                f"node {n.id} is {n.state.value}, not Ready",
-                details={"node": n.id, "state": n.state.value},
-            )
+        _check_takeable(state, n, a)
+    _check_sensitive_pool(state, a, nodes)
     t = state.tenants.get(a.spec.tenant)
     if t is not None:
         cur_nodes, cur_allocs = _tenant_usage(state, t.name)
-        if t.max_nodes is not None and cur_nodes + len(nodes) > t.max_nodes:
-            raise QuotaExceeded(
-                f'allocation rejected: tenant "{t.name}" would exceed max_nodes quota '
-                f"(current: {cur_nodes}, requested: {len(nodes)}, limit: {t.max_nodes})",
-                details={"current": cur_nodes, "requested": len(nodes), "limit": t.max_nodes},
-                hint="Cancel running allocations or request a quota increase from your tenant admin.",
-            )
+        _check_max_nodes(t, cur_nodes, len(nodes))
         if (
             t.max_concurrent_allocations is not None
             and cur_allocs + 1 > t.max_concurrent_allocations
@@ -422,9 +481,7 @@ def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandRes
     check_transition(a.id, a.state, AllocationState.RUNNING)
     _bump(state)
     for n in nodes:
-        n.owner = a.id
-        n.owner_tenant = a.spec.tenant
-        n.owner_vcluster = cmd.vcluster or a.spec.vcluster
+        _take(state, n, a, cmd.vcluster, cmd.now)
         _touch_node(state, n, ch)
     a.assigned_nodes = list(cmd.node_ids)
     a.pending_reason = ""
@@ -432,6 +489,156 @@ def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandRes
     a.state = AllocationState.RUNNING
     a.started_at = cmd.now
     a.reason = ""
+    _touch_alloc(state, a, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def _is_sensitive(state: GlobalState, a: Allocation) -> bool:
+    v = state.vclusters.get(a.spec.vcluster)
+    return v is not None and v.scheduler_type == SchedulerType.SENSITIVE_RESERVATION
+
+
+def _check_takeable(state: GlobalState, n: Node, a: Allocation) -> None:
+    """A node can go to ``a``: free, Ready, and not claimed by someone else (claimed
+    nodes run only their claiming user's sensitive work)."""
+    if n.owner:
+        raise OwnershipConflict(
+            f"node {n.id} is already owned by allocation {n.owner}",
+            details={"node": n.id, "owner": n.owner},
+        )
+    if n.state != NodeState.READY:
+        raise OwnershipConflict(
+            f"node {n.id} is {n.state.value}, not Ready",
+            details={"node": n.id, "state": n.state.value},
+        )
+    if n.claimed_by and not (_is_sensitive(state, a) and claimant(a) == n.claimed_by):
+        raise OwnershipConflict(
+            f"node {n.id} is claimed by user {n.claimed_by} for sensitive use",
+            details={"node": n.id, "claimed_by": n.claimed_by},
+            hint="Claimed nodes run only their claiming user's sensitive allocations.",
+        )
+
+
+def _check_sensitive_pool(state: GlobalState, a: Allocation, nodes: list[Node]) -> None:
+    limit = state.sensitive_pool_size
+    if limit is None or not _is_sensitive(state, a):
+        return
+    new = sum(1 for n in nodes if not n.claimed_by)
+    if not new:
+        return
+    current = sum(1 for n in state.nodes.values() if n.claimed_by)
+    if current + new > limit:
+        raise QuotaExceeded(
+            f"allocation rejected: would exceed sensitive_pool_size "
+            f"(current: {current}, requested: {new}, limit: {limit})",
+            details={"current": current, "requested": new, "limit": limit},
+            hint="Release idle sensitive claims (lattice node release NODE) or ask an "
+            "administrator to raise sensitive_pool_size.",
+        )
+
+
+def _check_max_nodes(t: Tenant, current: int, requested: int) -> None:
+    if t.max_nodes is not None and current + requested > t.max_nodes:
+        raise QuotaExceeded(
+            f'allocation rejected: tenant "{t.name}" would exceed max_nodes quota '
+            f"(current: {current}, requested: {requested}, limit: {t.max_nodes})",
+            details={"current": current, "requested": requested, "limit": t.max_nodes},
+            hint="Cancel running allocations or request a quota increase from your tenant admin.",
+        )
+
+
+def _take(state: GlobalState, n: Node, a: Allocation, vcluster: str, now: float) -> None:
+    n.owner = a.id
+    n.owner_tenant = a.spec.tenant
+    n.owner_vcluster = vcluster or a.spec.vcluster
+    if _is_sensitive(state, a) and not n.claimed_by:
+        # the claim outlives the allocation: idle claimed nodes stay with their user
+        n.claimed_by = claimant(a)
+        n.claimed_at = now
+
+
+def _release_claim(state: GlobalState, cmd: c.ReleaseNodeClaim, ch: Changes) -> c.CommandResult:
+    n = _node(state, cmd.node_id)
+    if not n.claimed_by:
+        raise ValidationError(
+            f"node {n.id} is not claimed",
+            hint="`lattice nodes -o wide` shows which nodes are claimed and by whom.",
+        )
+    if not cmd.admin and cmd.user != n.claimed_by:
+        raise PermissionDenied(
+            f"node {n.id} is claimed by {n.claimed_by}; only that user or an administrator "
+            "can release it",
+            details={"node": n.id, "claimed_by": n.claimed_by},
+        )
+    if n.owner:
+        raise InvalidTransition(
+            f"node {n.id} still runs allocation {n.owner}",
+            details={"node": n.id, "owner": n.owner},
+            hint=f"Wait for it to finish or cancel it (lattice cancel {n.owner}).",
+        )
+    _bump(state)
+    n.claimed_by = ""
+    n.claimed_at = None
+    _touch_node(state, n, ch)
+    return c.CommandResult(revision=state.revision, node=n)
+
+
+def _scale(state: GlobalState, cmd: c.ScaleAllocation, ch: Changes) -> c.CommandResult:
+    """Grow or shrink a running allocation with a node range within {min_nodes, nodes}."""
+    a = _alloc(state, cmd.allocation_id)
+    if a.state != AllocationState.RUNNING:
+        raise InvalidTransition(
+            f"allocation {a.id} is {a.state.value}; only running allocations scale",
+            details={"allocation": a.id, "state": a.state.value},
+        )
+    if not a.spec.min_nodes:
+        raise ValidationError(
+            f"allocation {a.id} has a fixed node count",
+            hint="Only allocations submitted with a node range (--nodes MIN-MAX) scale.",
+        )
+    if cmd.expected_revision and a.revision > cmd.expected_revision:
+        raise StaleRevision(
+            f"allocation {a.id} changed since revision {cmd.expected_revision}",
+            details={"expected_revision": cmd.expected_revision, "current": a.revision},
+        )
+    add, remove = list(cmd.add_node_ids), list(cmd.remove_node_ids)
+    if not add and not remove:
+        raise ValidationError("scale needs nodes to add or remove")
+    if len(set(add)) != len(add) or set(add) & set(a.assigned_nodes):
+        raise ValidationError("nodes to add must be distinct and not already assigned")
+    if not set(remove) <= set(a.assigned_nodes) or (remove and remove[0] == a.assigned_nodes[0]):
+        raise ValidationError(
+            "only assigned nodes other than the first (where the allocation's launcher "
+            "runs) can be removed"
+        )
+    size = len(a.assigned_nodes) + len(add) - len(remove)
+    if not a.spec.min_nodes <= size <= a.spec.nodes:
+        raise ValidationError(
+            f"allocation {a.id} needs {a.spec.min_nodes}..{a.spec.nodes} nodes, "
+            f"scaling would give {size}"
+        )
+    nodes = [_node(state, nid) for nid in add]
+    for n in nodes:
+        if cmd.expected_revision and n.revision > cmd.expected_revision:
+            raise StaleRevision(
+                f"node {n.id} changed since revision {cmd.expected_revision}",
+                details={"expected_revision": cmd.expected_revision, "current": n.revision},
+            )
+        _check_takeable(state, n, a)
+    _check_sensitive_pool(state, a, nodes)
+    t = state.tenants.get(a.spec.tenant)
+    if t is not None and nodes:
+        _check_max_nodes(t, _tenant_usage(state, t.name)[0], len(nodes))
+    _bump(state)
+    for n in nodes:
+        _take(state, n, a, cmd.vcluster, cmd.now)
+        _touch_node(state, n, ch)
+    for nid in remove:
+        n = state.nodes.get(nid)
+        if n is not None and n.owner == a.id:
+            _free(n)
+            _touch_node(state, n, ch)
+    a.assigned_nodes = [nid for nid in a.assigned_nodes if nid not in set(remove)] + add
     _touch_alloc(state, a, ch)
     return c.CommandResult(revision=state.revision, allocation=a)
 
@@ -586,7 +793,7 @@ def _preempt(state: GlobalState, cmd: c.PreemptAllocation, ch: Changes) -> c.Com
         (n := state.nodes.get(nid)) is not None and n.home_vcluster == p.spec.vcluster
         for nid in a.assigned_nodes
     )
-    if a.spec.preemption_class >= 10 or (
+    if a.spec.preemption_class >= NEVER_PREEMPTED_CLASS or (
         a.spec.preemption_class >= p.spec.preemption_class and not reclaim
     ):
         raise ValidationError(
@@ -604,6 +811,7 @@ def _preempt(state: GlobalState, cmd: c.PreemptAllocation, ch: Changes) -> c.Com
     a.state = AllocationState.CHECKPOINTING
     a.preempted_by = p.id
     a.reason = cmd.reason
+    a.checkpoint_hint_at = cmd.now  # the broker / agent act on it from here
     _touch_alloc(state, a, ch)
     return c.CommandResult(revision=state.revision, allocation=a)
 
@@ -709,6 +917,7 @@ def _update_vcluster(state: GlobalState, cmd: c.UpdateVCluster, ch: Changes) -> 
 
 _HANDLERS = {
     c.RegisterNode: _register_node,
+    c.ReportConformance: _report_conformance,
     c.SetNodeHealth: _set_node_health,
     c.DrainNode: _drain_node,
     c.UndrainNode: _undrain_node,
@@ -717,6 +926,8 @@ _HANDLERS = {
     c.SubmitAllocation: _submit,
     c.SubmitTaskGroup: _submit_task_group,
     c.AssignNodes: _assign,
+    c.ReleaseNodeClaim: _release_claim,
+    c.ScaleAllocation: _scale,
     c.UpdateAllocationState: _update_state,
     c.CancelAllocation: _cancel,
     c.SetPendingReasons: _set_pending_reasons,

@@ -590,11 +590,106 @@ def score(
 ) -> float:
     """The allocation's scheduling score: ``Σ wᵢ · fᵢ(j)`` times
     ``budget_penalty(budget_fraction_used[tenant])``. Higher is scheduled first."""
-    raw = raw_score(a, ctx, weights, f4=f4, f9=f9)
-    fraction = ctx.budget_fraction_used.get(a.spec.tenant)
+    # raw_score with f1..f9 written out, and what depends only on the context, the
+    # weights or the tenant worked out once per (context, weights) pair (_ScoreMemo):
+    # ``score`` runs for every pending allocation in every cycle, millions of times in
+    # an RM-Replay run, and the composed version's dozen calls were most of its cost.
+    # Same operations in the same order, so the same float bit for bit
+    # (test_cost_inline.py checks it against raw_score, edge cases included).
+    memo = _score_memo
+    if memo is None or memo.ctx is not ctx or memo.weights is not weights:
+        memo = _memo_for(ctx, weights)
+    spec = a.spec
+    tenant = spec.tenant
+    per_tenant = memo.tenants.get(tenant)
+    if per_tenant is None:
+        per_tenant = memo.add_tenant(tenant)
+    c3, fraction = per_tenant
+    x = spec.preemption_class / 10.0  # f1
+    f1 = 1.0 if x >= 1.0 else x if x > 0.0 else 0.0
+    wait = memo.now - a.submitted_at  # f2
+    f2 = math.log1p(wait / memo.reference_wait) if wait > 0.0 else 0.0
+    w = weights
+    c5 = memo.c5
+    if c5 is None:
+        c5 = w.data_readiness * f5_data_readiness(a, ctx)
+    c8 = memo.c8
+    if c8 is None:
+        c8 = w.checkpoint_efficiency * f8_checkpoint_efficiency(a, ctx)
+    raw = (
+        w.priority * f1
+        + w.wait_time * f2
+        + c3
+        + (memo.c4 if f4 is None else w.topology * f4)
+        + c5
+        + memo.c6
+        + memo.c7
+        + c8
+        + (memo.c9 if f9 is None else w.conformance * f9)
+    )
     if fraction is None:
         return raw
     return _penalise(raw, budget_penalty(fraction))
+
+
+class _ScoreMemo:
+    """What :func:`score` computes once per (context, weights) pair: the products
+    ``wᵢ · fᵢ`` of the factors that do not depend on the allocation (``c5`` / ``c8``
+    None when they do: per-allocation data readiness or checkpoint estimates), and per
+    tenant ``w3 · f3`` and the budget fraction. A context is built for one cycle and
+    not changed afterwards; the memo relies on that (it is keyed by identity)."""
+
+    __slots__ = (
+        "c4",
+        "c5",
+        "c6",
+        "c7",
+        "c8",
+        "c9",
+        "ctx",
+        "now",
+        "reference_wait",
+        "tenants",
+        "weights",
+    )
+
+    def __init__(self, ctx: ScoringContext, w: CostWeights) -> None:
+        self.ctx = ctx
+        self.weights = w
+        self.now = ctx.now
+        ref = ctx.reference_wait_seconds  # as wait_time_factor falls back
+        self.reference_wait = ref if ref > 0.0 else DEFAULT_REFERENCE_WAIT_SECONDS
+        self.c4 = w.topology * NEUTRAL
+        self.c5 = None if ctx.data_readiness else w.data_readiness * NEUTRAL
+        self.c6 = w.backlog * f6_backlog_pressure(ctx)
+        self.c7 = w.energy * f7_energy_cost(ctx)
+        self.c8 = (
+            None
+            if ctx.checkpoint_minutes
+            else w.checkpoint_efficiency * checkpoint_factor(ctx.default_checkpoint_minutes)
+        )
+        self.c9 = w.conformance * NEUTRAL
+        self.tenants: dict[str, tuple[float, float | None]] = {}
+
+    def add_tenant(self, tenant: str) -> tuple[float, float | None]:
+        ctx = self.ctx
+        f3 = fair_share_deficit(
+            ctx.tenant_target_share.get(tenant, 0.0), ctx.tenant_usage_share.get(tenant, 0.0)
+        )
+        got = self.tenants[tenant] = (
+            self.weights.fair_share * f3,
+            ctx.budget_fraction_used.get(tenant),
+        )
+        return got
+
+
+_score_memo: _ScoreMemo | None = None  # the last pair scored with (one cycle's)
+
+
+def _memo_for(ctx: ScoringContext, weights: CostWeights) -> _ScoreMemo:
+    global _score_memo
+    memo = _score_memo = _ScoreMemo(ctx, weights)
+    return memo
 
 
 def breakdown(
@@ -672,6 +767,55 @@ class StateView(Protocol):
     tenants: Mapping[str, Tenant]
 
 
+class ScoringIndex(Protocol):
+    """Running totals a view may keep as ``scoring_index`` (RM-Replay's engine keeps one
+    as it queues, assigns and releases), so that :func:`build_context` need not scan
+    every allocation and node in every cycle. Whoever offers one must keep it exact:
+    the context built with it must equal the one built by scanning, float for float
+    (sums added in the same order)."""
+
+    def queued_gpu_hours(self) -> float:
+        """``gpu_hours(a)`` summed over the Pending allocations, in ``pending`` order."""
+        ...
+
+    def running_gpu_hours(self) -> float:
+        """``gpu_hours(a, nodes)`` summed over the allocations holding nodes, in
+        ``holding`` order."""
+        ...
+
+    def held_nodes(self) -> Mapping[str, int]:
+        """Per tenant, the nodes its allocations hold (tenants holding none absent)."""
+        ...
+
+    def free_groups(self, vcluster: str | None) -> int:
+        """How many dragonfly groups hold a free (Ready, unowned, enabled) node whose
+        home is "" or ``vcluster`` (any home when None)."""
+        ...
+
+
+def _scan_allocations(
+    pending: Iterable[Allocation], holding: Iterable[Allocation], nodes: Mapping[str, Node]
+) -> tuple[float, float, dict[str, int]]:
+    """(queued GPU-hours, running GPU-hours, nodes held per tenant) by scanning."""
+    queued = 0.0
+    is_pending = AllocationState.PENDING
+    for a in pending:
+        if a.state == is_pending:
+            spec = a.spec
+            hours = spec.walltime_seconds / 3600.0
+            if hours > 0.0:  # gpu_hours(a): requested nodes x GPUs per node x hours
+                queued += max(0, spec.nodes) * max(1, spec.constraints.gpu_count) * hours
+    running = 0.0
+    held_nodes: dict[str, int] = {}
+    for a in holding:
+        if a.state not in HOLDING_STATES:
+            continue
+        running += gpu_hours(a, nodes)
+        t = a.spec.tenant
+        held_nodes[t] = held_nodes.get(t, 0) + len(a.assigned_nodes)
+    return queued, running, held_nodes
+
+
 def build_context(
     state: StateView,
     now: float,
@@ -702,6 +846,8 @@ def build_context(
       view (O(all allocations); skipped when no tenant has a budget).
     * f4: ``max_groups_available`` = distinct dragonfly groups holding a free Ready node
       usable by ``vcluster`` (all vClusters when ``None``).
+    * A view with a ``scoring_index`` (:class:`ScoringIndex`) supplies the f6 sums, the
+      nodes held per tenant and the f4 count instead of scanning for them.
     """
     allocations = state.allocations
     nodes = state.nodes
@@ -718,18 +864,16 @@ def build_context(
         if holding_ids is None
         else (allocations[i] for i in holding_ids if i in allocations)
     )
-    queued = 0.0
-    for a in pending:
-        if a.state == AllocationState.PENDING:
-            queued += gpu_hours(a)
-    running = 0.0
-    held_nodes: dict[str, int] = {}
-    for a in holding:
-        if a.state not in HOLDING_STATES:
-            continue
-        running += gpu_hours(a, nodes)
-        t = a.spec.tenant
-        held_nodes[t] = held_nodes.get(t, 0) + len(a.assigned_nodes)
+    # Built for every vCluster in every cycle, tens of thousands of times in a replay:
+    # a view that keeps a ScoringIndex spares the scans of allocations and nodes, and
+    # the loops are gpu_hours written out (the same terms added in the same order).
+    index: ScoringIndex | None = getattr(state, "scoring_index", None)
+    if index is not None:
+        queued = index.queued_gpu_hours()
+        running = index.running_gpu_hours()
+        held_nodes: Mapping[str, int] = index.held_nodes()
+    else:
+        queued, running, held_nodes = _scan_allocations(pending, holding, nodes)
     capacity = len(nodes)
     usage = {t: (n / capacity if capacity else 0.0) for t, n in held_nodes.items()}
     targets = {name: t.fair_share_target for name, t in tenants.items()}
@@ -749,14 +893,19 @@ def build_context(
     else:
         fractions = {}
 
-    groups = {
-        n.group
-        for n in nodes.values()
-        if n.state == NodeState.READY
-        and not n.owner
-        and not n.disabled
-        and (vcluster is None or n.home_vcluster in ("", vcluster))
-    }
+    if index is not None:
+        max_groups = index.free_groups(vcluster)
+    else:
+        max_groups = len(
+            {
+                n.group
+                for n in nodes.values()
+                if n.state == NodeState.READY
+                and not n.owner
+                and not n.disabled
+                and (vcluster is None or n.home_vcluster in ("", vcluster))
+            }
+        )
     return ScoringContext(
         now=now,
         reference_wait_seconds=reference_wait_seconds,
@@ -771,5 +920,5 @@ def build_context(
         data_readiness=dict(data_readiness or {}),
         checkpoint_minutes=dict(checkpoint_minutes or {}),
         default_checkpoint_minutes=default_checkpoint_minutes,
-        max_groups_available=len(groups),
+        max_groups_available=max_groups,
     )

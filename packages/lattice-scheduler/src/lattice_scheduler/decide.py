@@ -1,18 +1,389 @@
-"""Decision steps of a scheduling cycle that come after the solver, as plain functions
-on a StateMirror: the live loop and RM-Replay both call these (one implementation)."""
+"""One vCluster's scheduling decision, as a plain function on a StateMirror.
+
+``decide_vcluster`` is the whole of a cycle for one vCluster minus the I/O: the live
+loop (``loop.Scheduler.cycle``) proposes what it returns to the quorum, RM-Replay
+applies it to its simulated state. One implementation, so a replay shows what the
+scheduler would do.
+
+Steps, by the vCluster's scheduler type:
+
+* queue: its Pending allocations, minus those held back (preempted ones waiting for
+  their preemptor to start, ``exclude``), within their task-group limits;
+* order: Score(j) = sum w_i f_i(j) with the vCluster's current weights
+  (``cost.build_context`` + ``cost.score``); arrival order for ``interactive-fifo``;
+* solve: ``solver.solve`` (GreedyTopologyAwareBackfill) with the vCluster's backfill
+  depth (``hpc-backfill``), none for ``interactive-fifo``, ``service-binpack`` (services
+  have no walltime to reserve around: the solver's tightest-fitting-group choice packs
+  them densely) and ``sensitive-reservation``;
+* node ranges: allocations with {min_nodes, nodes} take what is free, down to min;
+* elastic borrowing (not for sensitive work, not of sensitive pools): still-blocked
+  preemptible work goes to idle nodes of other vClusters' pools;
+* preemption: victims for the top blocked allocations.
+
+``sensitive-reservation``: nodes are claimed by a user (the quorum records the claim
+when a sensitive allocation is assigned) and serve only that user's sensitive work.
+Each user's allocations go first to that user's idle claimed nodes, then to unclaimed
+nodes; nodes whose conformance fingerprint drifted are excluded; no backfill, no
+borrowing; the allocations are class 10 (never preempted) and may preempt lower
+classes (reason ``sensitive``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import msgspec
-from lattice_common.types import Allocation
+from lattice_common.types import (
+    NEVER_PREEMPTED_CLASS,
+    Allocation,
+    AllocationState,
+    CostWeights,
+    Node,
+    SchedulerType,
+    claimant,
+)
 from lattice_common.watch import StateMirror
 
-from lattice_scheduler.preemption import NEVER_PREEMPTED_CLASS
-from lattice_scheduler.solver import Pending, Proposal, solve
+from lattice_scheduler import cost, intranode
+from lattice_scheduler.placement import eligible, limit_task_groups, order_pending, plan_cycle
+from lattice_scheduler.preemption import PreemptionPolicy, non_preemptible, select_victims
+from lattice_scheduler.solver import REASON_OCCUPIED, Pending, Proposal, Reservation, solve
+from lattice_scheduler.topology import TopologyModel
 
-OCCUPIED = "all suitable nodes occupied"
+OCCUPIED = REASON_OCCUPIED
+PREEMPTION_CANDIDATES_PER_CYCLE = 3  # blocked allocations considered for preemption per cycle
+DEFAULT_BACKFILL_DEPTH = 10
+
+
+class Preemption(msgspec.Struct, frozen=True):
+    """Preempt ``victim`` for ``preemptor``; ``reason`` is the metric label
+    (priority / reclaim / sensitive)."""
+
+    victim: str
+    preemptor: str
+    reason: str
+
+
+class CycleDecision(msgspec.Struct, kw_only=True):
+    """What one vCluster's cycle decided. ``proposals`` go to its own or the shared
+    pool, ``borrowed`` to other vClusters' idle pools. ``queue``/``scores``/
+    ``backfill_depth``: what the solver saw (RM-Replay uses them to skip cycles that
+    cannot decide anything new). ``cost_seconds``: time spent building the scoring
+    context."""
+
+    proposals: list[Proposal] = msgspec.field(default_factory=list)
+    borrowed: list[Proposal] = msgspec.field(default_factory=list)
+    preemptions: list[Preemption] = msgspec.field(default_factory=list)
+    waiting: list[Pending] = msgspec.field(default_factory=list)
+    reservations: list[Reservation] = msgspec.field(default_factory=list)
+    queue: list[Allocation] = msgspec.field(default_factory=list)
+    scores: dict[str, float] = msgspec.field(default_factory=dict)
+    backfill_depth: int = 0
+    nothing_free: bool = False
+    cost_seconds: float = 0.0
+
+
+def scheduler_type(m: StateMirror, vc: str) -> SchedulerType:
+    v = m.vclusters.get(vc)
+    return v.scheduler_type if v is not None else SchedulerType.HPC_BACKFILL
+
+
+def backfill_depth(m: StateMirror, vc: str) -> int:
+    v = m.vclusters.get(vc)
+    if scheduler_type(m, vc) != SchedulerType.HPC_BACKFILL:
+        return 0
+    return v.backfill_depth if v is not None else DEFAULT_BACKFILL_DEPTH
+
+
+def scorer(m: StateMirror, vc: str, now: float) -> Callable[[Allocation], float]:
+    """This cycle's ordering for a vCluster: Score(j) = sum w_i f_i(j) with the
+    vCluster's current weights (re-read every cycle, so set-weights needs no restart),
+    or arrival order for interactive-fifo."""
+    v = m.vclusters.get(vc)
+    if v is not None and v.scheduler_type == SchedulerType.INTERACTIVE_FIFO:
+        return lambda a: -a.submitted_at
+    ctx = cost.build_context(m, now, vcluster=vc)
+    weights = v.weights if v is not None else CostWeights()
+    return lambda a: cost.score(a, ctx, weights)
+
+
+def held_back_ids(m: StateMirror) -> set[str]:
+    """Preempted allocations waiting until the one they made room for has started."""
+    allocs = m.allocations
+    return {
+        i
+        for i in m.pending
+        if (p := allocs[i].preempted_by)
+        and p in allocs
+        and allocs[p].state == AllocationState.PENDING
+    }
+
+
+def queue(
+    m: StateMirror, vc: str, exclude: Collection[str]
+) -> tuple[list[Allocation], list[Allocation], list[Pending]]:
+    """The vCluster's Pending allocations (minus ``exclude``) within their task-group
+    limits, the allocations holding nodes, and the reasons of those held by a limit."""
+    allocs = m.allocations
+    pending = [allocs[i] for i in m.pending if allocs[i].spec.vcluster == vc and i not in exclude]
+    holding = [allocs[i] for i in m.holding]
+    if not pending:
+        return [], holding, []
+    pending, limited = limit_task_groups(pending, holding)
+    return pending, holding, list(limited)
+
+
+def solver_order(pending: Iterable[Allocation], scores: Mapping[str, float]) -> tuple[str, ...]:
+    """Step 1 of ``solver.solve``: score descending, then preemption class descending,
+    original submit time, id."""
+    return tuple(
+        a.id
+        for a in sorted(
+            pending, key=lambda a: (-scores[a.id], -a.spec.preemption_class, a.submitted_at, a.id)
+        )
+    )
+
+
+def queue_order(m: StateMirror, vc: str, now: float) -> tuple[str, ...]:
+    """The order the solver would consider this vCluster's queue in at ``now``."""
+    pending, _, _ = queue(m, vc, held_back_ids(m))
+    if not pending:
+        return ()
+    score = scorer(m, vc, now)
+    return solver_order(pending, {a.id: float(score(a)) for a in pending})
+
+
+def drifted(n: Node) -> bool:
+    """The node's conformance fingerprint no longer matches its expected baseline."""
+    return n.conformance_drift
+
+
+def decide_vcluster(
+    m: StateMirror,
+    vc: str,
+    now: float,
+    *,
+    topology: TopologyModel | None = None,
+    preemption_policy: PreemptionPolicy | None = None,
+    exclude: Collection[str] | None = None,
+    home_pools: Collection[str] | None = None,
+) -> CycleDecision:
+    """One vCluster's part of a scheduling cycle on the mirror ``m`` at ``now`` (see the
+    module docstring). Pure: reads ``m``, changes nothing.
+
+    ``exclude``: allocations not to consider (default: the held-back preempted ones;
+    the live loop adds those whose assignment is still in flight). ``topology``
+    defaults to a model built from ``m.nodes``. ``home_pools``: the set of nodes'
+    ``home_vcluster`` values when the caller knows it (lets borrowing and reclaiming
+    skip a scan of every node when no other pool exists; the outcome is the same)."""
+    policy = preemption_policy or PreemptionPolicy()
+    if exclude is None:
+        exclude = held_back_ids(m)
+    pending, holding, limited = queue(m, vc, exclude)
+    if not pending:
+        return CycleDecision()
+    kind = scheduler_type(m, vc)
+    if not any(n.schedulable for n in m.nodes.values()):
+        # no free node anywhere: nothing can start, borrowed or not; keep the cycle
+        # cheap (reasons and preemption only)
+        _, waiting = plan_cycle(
+            vcluster=vc,
+            allocations=m.allocations,
+            nodes=m.nodes,
+            tenants=m.tenants,
+            pending_ids=[a.id for a in pending],
+            holding_ids=m.holding,
+        )
+        waiting = [Pending(w.allocation_id, w.reason) for w in (*waiting, *limited)]
+        return CycleDecision(
+            preemptions=preempt_for(m, vc, waiting, [], now, policy, home_pools),
+            waiting=waiting,
+            queue=pending,
+            nothing_free=True,
+        )
+    if topology is None:
+        topology = TopologyModel.from_nodes(m.nodes)
+    depth = backfill_depth(m, vc)
+    t0 = time.perf_counter()
+    score = scorer(m, vc, now)
+    cost_seconds = time.perf_counter() - t0
+    if kind == SchedulerType.SENSITIVE_RESERVATION:
+        proposals, waiting, scores = _sensitive(m, vc, pending, holding, score, now)
+        reservations: list[Reservation] = []
+    else:
+        result = solve(
+            pending,
+            m.nodes,
+            holding,
+            score=score,
+            now=now,
+            backfill_depth=depth,
+            vcluster=vc,
+            tenants=m.tenants,
+            topology=topology,
+        )
+        proposals, waiting = list(result.proposals), list(result.pending)
+        scores, reservations = dict(result.scores), list(result.reservations)
+    waiting = [*waiting, *(Pending(w.allocation_id, w.reason) for w in limited)]
+    proposals, waiting = shrink_ranges(m, vc, pending, proposals, waiting, now)
+    if kind != SchedulerType.SENSITIVE_RESERVATION:  # claimed nodes are not interchangeable
+        proposals = prefer_intra_node(m, vc, proposals, reservations)
+    borrowed: list[Proposal] = []
+    v = m.vclusters.get(vc)
+    other_pools = home_pools is None or any(h not in ("", vc) for h in home_pools)
+    may_borrow = kind != SchedulerType.SENSITIVE_RESERVATION and (v is None or v.allow_borrowing)
+    if may_borrow and other_pools:
+        borrowed, waiting = borrow(m, vc, pending, waiting, proposals, now, score)
+    return CycleDecision(
+        proposals=proposals,
+        borrowed=borrowed,
+        preemptions=preempt_for(m, vc, waiting, [*proposals, *borrowed], now, policy, home_pools),
+        waiting=waiting,
+        reservations=reservations,
+        queue=pending,
+        scores=scores,
+        backfill_depth=depth,
+        cost_seconds=cost_seconds,
+    )
+
+
+def node_intra_fit(node: Node, a: Allocation) -> tuple[float, float]:
+    """How good ``node`` is for ``a`` inside the node: first the intra-node part of f4
+    (GPU Topology / Memory Topology: β · gpu_link_fitness + (1-β) ·
+    memory_locality_fitness, which is relative to the node's own best link), then the
+    absolute bandwidth of the selected GPUs' weakest link, so that between two nodes
+    that are each as good as they can be the one with faster links wins. (-1, 0) when
+    the node reports no topology."""
+    fit = intranode.intra_node_fit([node], a)
+    if fit is None:
+        return (-1.0, 0.0)
+    f4_intra = cost.intra_node_fitness(fit.gpu_link, fit.memory_locality, fit.beta)
+    sel = intranode.select_gpus(node, intranode.requested_gpus(node, a))
+    weakest = sel.min_link_bandwidth if sel is not None else None
+    return (f4_intra if f4_intra is not None else -1.0, weakest or 0.0)
+
+
+def _cell(n: Node) -> tuple[object, ...]:
+    caps = n.capabilities
+    return (
+        n.group,
+        n.conformance_group,
+        caps.gpu_type,
+        caps.gpu_count,
+        caps.memory_gb,
+        tuple(sorted(caps.features)),
+    )
+
+
+def prefer_intra_node(
+    m: StateMirror, vc: str, proposals: list[Proposal], reservations: list[Reservation]
+) -> list[Proposal]:
+    """Node selection's intra-node step: the solver fixes how many nodes come from each
+    dragonfly group and conformance group; among interchangeable free nodes (same
+    group, conformance group and capabilities) take those whose GPUs are linked best
+    and whose memory is most local for the allocation. Group span, f9 and every
+    reservation stay as the solver decided (reserved nodes are never swapped in)."""
+    if not proposals:
+        return proposals
+    reported = [
+        n
+        for p in proposals
+        for nid in p.node_ids
+        if (n := m.nodes.get(nid)) is not None
+        and (n.capabilities.gpu_links or n.capabilities.memory_domains)
+    ]
+    if not reported:
+        return proposals
+    busy = {nid for p in proposals for nid in p.node_ids}
+    busy.update(nid for r in reservations for nid in r.node_ids)
+    spare: dict[tuple[object, ...], list[Node]] = {}
+    for nid, n in m.nodes.items():
+        if nid not in busy and eligible(n, vc) and not n.disabled:
+            spare.setdefault(_cell(n), []).append(n)
+    if not spare:
+        return proposals
+    out: list[Proposal] = []
+    for p in proposals:
+        a = m.allocations.get(p.allocation_id)
+        if a is None:
+            out.append(p)
+            continue
+        chosen: list[str] = []
+        for nid in p.node_ids:
+            cur = m.nodes[nid]
+            pool = spare.get(_cell(cur), [])
+            best, best_fit = cur, node_intra_fit(cur, a)
+            for cand in pool:
+                fit = node_intra_fit(cand, a)
+                if fit > best_fit:
+                    best, best_fit = cand, fit
+            if best is not cur:
+                pool.remove(best)
+                pool.append(cur)  # the node given up is interchangeable for later ones
+            chosen.append(best.id)
+        out.append(
+            p if tuple(chosen) == p.node_ids else msgspec.structs.replace(p, node_ids=tuple(chosen))
+        )
+    return out
+
+
+def _sensitive(
+    m: StateMirror,
+    vc: str,
+    pending: list[Allocation],
+    holding: list[Allocation],
+    score: Callable[[Allocation], float],
+    now: float,
+) -> tuple[list[Proposal], list[Pending], dict[str, float]]:
+    """sensitive-reservation: per claiming user, first that user's idle claimed
+    nodes, then unclaimed ones; drifted nodes never; no backfill."""
+    by_user: dict[str, list[Allocation]] = {}
+    for a in pending:
+        by_user.setdefault(claimant(a), []).append(a)
+    taken: set[str] = set()
+    proposals: list[Proposal] = []
+    waiting: list[Pending] = []
+    scores: dict[str, float] = {}
+    for user in sorted(by_user, key=lambda u: (-max(score(a) for a in by_user[u]), u)):
+        # the solver sees only unclaimed nodes: hand it unclaimed copies of the user's
+        own = {
+            nid: msgspec.structs.replace(n, claimed_by="")
+            for nid, n in m.nodes.items()
+            if n.claimed_by == user and nid not in taken and not drifted(n)
+        }
+        todo = by_user[user]
+        last: list[Pending] = []
+        for pool in (own, {**own, **_fresh(m.nodes, taken)}):
+            if not todo or not pool:
+                continue
+            res = solve(
+                todo,
+                pool,
+                holding,
+                score=score,
+                now=now,
+                backfill_depth=0,
+                vcluster=vc,
+                tenants=m.tenants,
+            )
+            scores.update(res.scores)
+            proposals.extend(res.proposals)
+            taken.update(nid for p in res.proposals for nid in p.node_ids)
+            placed = {p.allocation_id for p in res.proposals}
+            todo = [a for a in todo if a.id not in placed]
+            last = res.pending
+        reasons = {w.allocation_id: w.reason for w in last}
+        waiting.extend(Pending(a.id, reasons.get(a.id, OCCUPIED)) for a in todo)
+    return proposals, waiting, scores
+
+
+def _fresh(nodes: Mapping[str, Node], taken: Collection[str]) -> dict[str, Node]:
+    return {
+        nid: n
+        for nid, n in nodes.items()
+        if not n.claimed_by and nid not in taken and not drifted(n)
+    }
 
 
 def shrink_ranges(
@@ -24,7 +395,7 @@ def shrink_ranges(
     now: float,
 ) -> tuple[list[Proposal], list[Pending]]:
     """Allocations with a node range {min, max} that could not get ``max`` nodes take as
-    many free nodes as there are, down to ``min`` (services scale later)."""
+    many free nodes as there are, down to ``min``."""
     blocked = {w.allocation_id for w in waiting if w.reason == OCCUPIED}
     ranged = [a for a in pending if a.id in blocked and a.spec.min_nodes]
     if not ranged:
@@ -63,13 +434,12 @@ def borrow(
     now: float,
     score: Callable[[Allocation], float],
 ) -> tuple[list[Proposal], list[Pending]]:
-    """Elastic sharing: still-blocked work (never class 10: a borrowed node can be
-    reclaimed at any time) goes to idle nodes of other vClusters' home pools whose own
-    vCluster has nothing pending. Returns the borrowed placements and what still waits."""
+    """Elastic sharing: still-blocked preemptible work (a borrowed node can be reclaimed
+    at any time, so never non-preemptible work) goes to idle nodes of other vClusters'
+    home pools whose own vCluster has nothing pending; sensitive pools never lend.
+    Returns the borrowed placements and what still waits."""
     blocked = {w.allocation_id for w in waiting if w.reason == OCCUPIED}
-    candidates = [
-        a for a in pending if a.id in blocked and a.spec.preemption_class < NEVER_PREEMPTED_CLASS
-    ]
+    candidates = [a for a in pending if a.id in blocked and not non_preemptible(a)]
     if not candidates:
         return [], waiting
     busy_homes = {m.allocations[i].spec.vcluster for i in m.pending}
@@ -80,6 +450,8 @@ def borrow(
         if n.home_vcluster not in ("", vc)
         and n.home_vcluster not in busy_homes
         and n.schedulable
+        and not n.claimed_by
+        and scheduler_type(m, n.home_vcluster) != SchedulerType.SENSITIVE_RESERVATION
         and nid not in taken
     }
     if not lendable:
@@ -96,3 +468,70 @@ def borrow(
     )
     placed = {p.allocation_id for p in res.proposals}
     return list(res.proposals), [w for w in waiting if w.allocation_id not in placed]
+
+
+def preempt_for(
+    m: StateMirror,
+    vc: str,
+    waiting: list[Pending],
+    proposals: list[Proposal],
+    now: float,
+    policy: PreemptionPolicy,
+    home_pools: Collection[str] | None = None,
+) -> list[Preemption]:
+    """Victims for the highest blocked allocations (at most
+    ``PREEMPTION_CANDIDATES_PER_CYCLE`` of them). Returns early, before scanning the
+    nodes, when no running allocation could be a victim."""
+    occupied = [w.allocation_id for w in waiting if w.reason == OCCUPIED]
+    if not occupied:
+        return []
+    allocs = m.allocations
+    running = [allocs[i] for i in m.holding if allocs[i].state == AllocationState.RUNNING]
+    nodes = m.nodes
+    reclaimable: frozenset[str] = frozenset()
+    if home_pools is None or vc in home_pools:  # else no node has vc as its home
+        # borrowers on this vCluster's home pool: reclaimable whatever their class
+        reclaimable = frozenset(
+            a.id
+            for a in running
+            if a.spec.vcluster != vc
+            and any(n in nodes and nodes[n].home_vcluster == vc for n in a.assigned_nodes)
+        )
+    top = max(allocs[i].spec.preemption_class for i in occupied)
+    if not reclaimable and not any(a.spec.preemption_class < top for a in running):
+        return []
+    taken = {n for p in proposals for n in p.node_ids}
+    free = [n for n in nodes.values() if eligible(n, vc) and n.id not in taken]
+    releasing_for = {
+        allocs[i].preempted_by
+        for i in m.holding
+        if allocs[i].state == AllocationState.CHECKPOINTING
+    }
+    jobs = order_pending(allocs[i] for i in occupied)
+    chosen: set[str] = set()
+    out: list[Preemption] = []
+    for job in jobs[:PREEMPTION_CANDIDATES_PER_CYCLE]:
+        if job.id in releasing_for or (job.spec.preemption_class == 0 and not reclaimable):
+            continue  # its victims are already on their way out / nothing is below it
+        victims = select_victims(
+            job,
+            [a for a in running if a.id not in chosen],
+            nodes,
+            now=now,
+            free_nodes=free,
+            policy=policy,
+            reclaimable=reclaimable,
+        )
+        if not victims:
+            continue
+        chosen.update(victims)
+        out.extend(Preemption(v, job.id, _reason(job, v, reclaimable)) for v in victims)
+    return out
+
+
+def _reason(job: Allocation, victim: str, reclaimable: Collection[str]) -> str:
+    if victim in reclaimable:
+        return "reclaim"
+    if job.spec.preemption_class >= NEVER_PREEMPTED_CLASS:
+        return "sensitive"
+    return "priority"

@@ -14,19 +14,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 
 from lattice_common import commands as c
 from lattice_common.errors import LatticeError
 from lattice_common.rpc import RemoteQuorum
-from lattice_common.types import Allocation, AllocationState, CostWeights, SchedulerType
+from lattice_common.types import Allocation, AllocationState
 from lattice_common.watch import StateMirror
 from prometheus_client import Counter, Gauge, Histogram
 
-from lattice_scheduler import cost, decide
-from lattice_scheduler.placement import eligible, limit_task_groups, order_pending, plan_cycle
-from lattice_scheduler.preemption import PreemptionPolicy, select_victims
-from lattice_scheduler.solver import Pending, Proposal, solve
+from lattice_scheduler import decide
+from lattice_scheduler.preemption import PreemptionPolicy
+from lattice_scheduler.solver import Pending, Proposal
 from lattice_scheduler.topology import TopologyModel
 from lattice_scheduler.trace_capture import TraceCapture
 
@@ -64,7 +62,19 @@ PREEMPTIONS = Counter(
     "Allocations preempted for higher-class work",
     ["vcluster", "reason"],
 )
-PREEMPTION_CANDIDATES_PER_CYCLE = 3  # blocked allocations considered for preemption per cycle
+
+
+VICTIM_REQUEUES = Counter(
+    "lattice_preemption_victim_requeue_total",
+    "Preempted allocations re-entering the queue",
+    ["vcluster"],
+)
+CHECKPOINT_DURATION = Histogram(
+    "lattice_preemption_checkpoint_duration_seconds",
+    "Time from a victim's checkpoint hint until it released its nodes",
+    ["vcluster"],
+    buckets=(0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1200),
+)
 
 
 class Scheduler:
@@ -112,6 +122,8 @@ class Scheduler:
         while True:
             try:
                 async for delta in self.quorum.watch():
+                    if not delta.snapshot:
+                        self._observe_preemptions(delta.allocations)
                     self.mirror.apply(delta)
                     if self.trace is not None:
                         self.trace.observe(delta)
@@ -142,165 +154,87 @@ class Scheduler:
         m = self.mirror
         now = time.time()
         topology = TopologyModel.from_nodes(m.nodes) if m.pending else None
-        holding = [m.allocations[i] for i in m.holding]
-        # a preempted allocation waits until the one it made room for has started
-        held_back = {
-            i
-            for i in m.pending
-            if (p := m.allocations[i].preempted_by)
-            and p in m.allocations
-            and m.allocations[p].state == AllocationState.PENDING
-        }
+        exclude = decide.held_back_ids(m) | set(self._inflight)
         for vc in self.vclusters:
             t0 = time.perf_counter()
-            pending = [
-                m.allocations[i]
-                for i in m.pending
-                if m.allocations[i].spec.vcluster == vc
-                and i not in self._inflight
-                and i not in held_back
-            ]
-            QUEUE_DEPTH.labels(vc).set(len(pending))
-            if not pending:
-                CYCLE.labels(vc).observe(time.perf_counter() - t0)
-                continue
-            pending, limited = limit_task_groups(pending, holding)
-            v = m.vclusters.get(vc)
-            if not any(n.schedulable for n in m.nodes.values()):
-                # no free node anywhere: nothing can start, borrowed or not; keep the
-                # cycle cheap (reasons and preemption only)
-                _, waiting = plan_cycle(
-                    vcluster=vc,
-                    allocations=m.allocations,
-                    nodes=m.nodes,
-                    tenants=m.tenants,
-                    pending_ids=[a.id for a in pending],
-                    holding_ids=m.holding,
-                )
-                await self._preempt_for(vc, [*waiting, *limited], [])
-                await self._publish_reasons([*waiting, *limited])
-                CYCLE.labels(vc).observe(time.perf_counter() - t0)
-                continue
-            fifo = v is not None and v.scheduler_type == SchedulerType.INTERACTIVE_FIFO
-            result = solve(
-                pending,
-                m.nodes,
-                holding,
-                score=self._scorer(vc, now),
-                now=now,
-                backfill_depth=0 if fifo else (v.backfill_depth if v is not None else 10),
-                vcluster=vc,
-                tenants=m.tenants,
+            d = decide.decide_vcluster(
+                m,
+                vc,
+                now,
                 topology=topology,
+                preemption_policy=self.preemption_policy,
+                exclude=exclude,
             )
-            proposals, waiting = result.proposals, [*result.pending, *limited]
-            proposals, waiting = self._shrink_ranges(vc, pending, proposals, waiting, now)
-            if v is None or v.allow_borrowing:
-                borrowed, waiting = self._borrow(vc, pending, waiting, proposals, now)
-                proposals = [*proposals, *borrowed]
+            QUEUE_DEPTH.labels(vc).set(len(d.queue))
+            if d.queue and not d.nothing_free:
+                COST_DURATION.labels(vc).observe(d.cost_seconds)
+            if d.borrowed:
+                BORROWED.labels(vc).inc(len(d.borrowed))
+            proposals = [*d.proposals, *d.borrowed]
             BACKFILLED.labels(vc).inc(sum(1 for p in proposals if p.backfilled))
             if proposals:
-                batch = c.Batch(
-                    commands=[
-                        c.AssignNodes(
-                            allocation_id=p.allocation_id,
-                            node_ids=list(p.node_ids),
-                            expected_revision=rev,
-                            vcluster=vc,
-                            now=time.time(),
-                        )
-                        for p in proposals
-                    ],
+                await self._assign(vc, proposals, rev)
+            await self._preempt(vc, d.preemptions)
+            await self._publish_reasons(d.waiting)
+            CYCLE.labels(vc).observe(time.perf_counter() - t0)
+
+    async def _assign(self, vc: str, proposals: list[Proposal], rev: int) -> None:
+        batch = c.Batch(
+            commands=[
+                c.AssignNodes(
+                    allocation_id=p.allocation_id,
+                    node_ids=list(p.node_ids),
+                    expected_revision=rev,
+                    vcluster=vc,
                     now=time.time(),
                 )
-                try:
-                    res = await self.quorum.propose(batch)
-                except LatticeError as e:
-                    PROPOSALS.labels(vc, "error").inc(len(proposals))
-                    log.warning("proposals for %s failed: %s", vc, e.message)
-                    self.poke_later()
-                else:
-                    for p, r in zip(proposals, res.results or [], strict=False):
-                        if r.error is None:
-                            PROPOSALS.labels(vc, "accepted").inc()
-                            PLACEMENTS.labels(vc).inc()
-                            self._inflight[p.allocation_id] = r.revision
-                        else:
-                            PROPOSALS.labels(vc, "rejected").inc()
-                            log.info(
-                                "assignment of %s rejected: %s (retrying next cycle)",
-                                p.allocation_id,
-                                r.error.get("message"),
-                            )
-            await self._preempt_for(vc, waiting, proposals)
-            await self._publish_reasons(waiting)
-            CYCLE.labels(vc).observe(time.perf_counter() - t0)
+                for p in proposals
+            ],
+            now=time.time(),
+        )
+        try:
+            res = await self.quorum.propose(batch)
+        except LatticeError as e:
+            PROPOSALS.labels(vc, "error").inc(len(proposals))
+            log.warning("proposals for %s failed: %s", vc, e.message)
+            self.poke_later()
+            return
+        for p, r in zip(proposals, res.results or [], strict=False):
+            if r.error is None:
+                PROPOSALS.labels(vc, "accepted").inc()
+                PLACEMENTS.labels(vc).inc()
+                self._inflight[p.allocation_id] = r.revision
+            else:
+                PROPOSALS.labels(vc, "rejected").inc()
+                log.info(
+                    "assignment of %s rejected: %s (retrying next cycle)",
+                    p.allocation_id,
+                    r.error.get("message"),
+                )
 
     def poke_later(self, delay: float = 0.5) -> None:
         asyncio.get_running_loop().call_later(delay, self.poke)
 
-    async def _preempt_for(
-        self, vc: str, waiting: list[Pending], proposals: list[Proposal]
-    ) -> None:
-        """Start preempting lower-class work for the highest blocked allocations."""
-        m = self.mirror
-        occupied = [w.allocation_id for w in waiting if w.reason == "all suitable nodes occupied"]
-        if not occupied:
+    async def _preempt(self, vc: str, preemptions: list[decide.Preemption]) -> None:
+        """Start preempting: each victim goes to Checkpointing with a hint recorded."""
+        if not preemptions:
             return
         now = time.time()
-        taken = {n for p in proposals for n in p.node_ids}
-        free = [n for n in m.nodes.values() if eligible(n, vc) and n.id not in taken]
-        running = [
-            m.allocations[i] for i in m.holding if m.allocations[i].state == AllocationState.RUNNING
+        cmds: list[c.Command] = [
+            c.PreemptAllocation(
+                allocation_id=p.victim, preemptor_id=p.preemptor, reason="preempted", now=now
+            )
+            for p in preemptions
         ]
-        releasing_for = {
-            m.allocations[i].preempted_by
-            for i in m.holding
-            if m.allocations[i].state == AllocationState.CHECKPOINTING
-        }
-        # borrowers on this vCluster's home pool: reclaimable whatever their class
-        reclaimable = frozenset(
-            a.id
-            for a in running
-            if a.spec.vcluster != vc
-            and any(n in m.nodes and m.nodes[n].home_vcluster == vc for n in a.assigned_nodes)
-        )
-        jobs = order_pending(m.allocations[i] for i in occupied)
-        chosen: set[str] = set()
-        cmds: list[c.Command] = []
-        for job in jobs[:PREEMPTION_CANDIDATES_PER_CYCLE]:
-            if job.id in releasing_for or (job.spec.preemption_class == 0 and not reclaimable):
-                continue  # its victims are already on their way out / nothing is below it
-            victims = select_victims(
-                job,
-                [a for a in running if a.id not in chosen],
-                m.nodes,
-                now=now,
-                free_nodes=free,
-                policy=self.preemption_policy,
-                reclaimable=reclaimable,
-            )
-            if not victims:
-                continue
-            chosen.update(victims)
-            cmds.extend(
-                c.PreemptAllocation(
-                    allocation_id=v, preemptor_id=job.id, reason="preempted", now=now
-                )
-                for v in victims
-            )
-        if not cmds:
-            return
         try:
             res = await self.quorum.propose(c.Batch(commands=cmds, now=now))
         except LatticeError as e:
             log.warning("preemption proposals for %s failed: %s", vc, e.message)
             return
-        for cmd, r in zip(cmds, res.results or [], strict=False):
+        for p, r in zip(preemptions, res.results or [], strict=False):
             if r.error is None:
-                why = "reclaim" if cmd.allocation_id in reclaimable else "higher_priority"  # type: ignore[attr-defined]
-                PREEMPTIONS.labels(vc, why).inc()
-                log.info("preempting %s for %s", cmd.allocation_id, cmd.preemptor_id)  # type: ignore[attr-defined]
+                PREEMPTIONS.labels(vc, p.reason).inc()
+                log.info("preempting %s for %s (%s)", p.victim, p.preemptor, p.reason)
 
     async def _publish_reasons(self, waiting: list[Pending]) -> None:
         """Tell users why their allocations wait; only changed reasons go to the quorum."""
@@ -317,43 +251,25 @@ class Scheduler:
         except LatticeError as e:
             log.info("could not publish pending reasons: %s", e.message)
 
-    def _scorer(self, vc: str, now: float) -> Callable[[Allocation], float]:
-        """This cycle's ordering for a vCluster: Score(j) = sum w_i f_i(j) with the
-        vCluster's current weights (re-read every cycle, so set-weights needs no
-        restart), or arrival order for interactive-fifo."""
-        v = self.mirror.vclusters.get(vc)
-        if v is not None and v.scheduler_type == SchedulerType.INTERACTIVE_FIFO:
-            return lambda a: -a.submitted_at
-        t0 = time.perf_counter()
-        ctx = cost.build_context(self.mirror, now, vcluster=vc)
-        weights = v.weights if v is not None else CostWeights()
-        COST_DURATION.labels(vc).observe(time.perf_counter() - t0)
-        return lambda a: cost.score(a, ctx, weights)
-
-    def _borrow(
-        self,
-        vc: str,
-        pending: list[Allocation],
-        waiting: list[Pending],
-        proposals: list[Proposal],
-        now: float,
-    ) -> tuple[list[Proposal], list[Pending]]:
-        borrowed, waiting = decide.borrow(
-            self.mirror, vc, pending, waiting, proposals, now, self._scorer(vc, now)
-        )
-        if borrowed:
-            BORROWED.labels(vc).inc(len(borrowed))
-        return borrowed, waiting
+    def _observe_preemptions(self, changed: list[Allocation]) -> None:
+        """Victims of this scheduler's vClusters coming back: requeued after their
+        checkpoint hint (duration from hint to release), or ended instead."""
+        for a in changed:
+            before = self.mirror.allocations.get(a.id)
+            if (
+                before is None
+                or before.state != AllocationState.CHECKPOINTING
+                or a.state == AllocationState.CHECKPOINTING
+                or a.spec.vcluster not in self.vclusters
+            ):
+                continue
+            if a.state == AllocationState.PENDING:
+                VICTIM_REQUEUES.labels(a.spec.vcluster).inc()
+            if before.checkpoint_hint_at is not None:
+                ended = a.finished_at or time.time()
+                CHECKPOINT_DURATION.labels(a.spec.vcluster).observe(
+                    max(0.0, ended - before.checkpoint_hint_at)
+                )
 
     def _capacity_free(self) -> bool:
         return any(n.schedulable for n in self.mirror.nodes.values())
-
-    def _shrink_ranges(
-        self,
-        vc: str,
-        pending: list[Allocation],
-        proposals: list[Proposal],
-        waiting: list[Pending],
-        now: float,
-    ) -> tuple[list[Proposal], list[Pending]]:
-        return decide.shrink_ranges(self.mirror, vc, pending, proposals, waiting, now)

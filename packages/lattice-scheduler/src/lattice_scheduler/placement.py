@@ -81,7 +81,14 @@ def pick_nodes(candidates: list[Node], count: int) -> list[Node] | None:
 
 
 def eligible(node: Node, vcluster: str) -> bool:
-    return node.state == NodeState.READY and not node.owner and node.home_vcluster in ("", vcluster)
+    """Free for ``vcluster``'s ordinary work: Ready, unowned, in its pool or the shared
+    one, and not claimed for sensitive use (claimed nodes serve only their user)."""
+    return (
+        node.state == NodeState.READY
+        and not node.owner
+        and not node.claimed_by
+        and node.home_vcluster in ("", vcluster)
+    )
 
 
 def plan_cycle(

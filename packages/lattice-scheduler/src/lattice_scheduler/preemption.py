@@ -19,11 +19,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import msgspec
-from lattice_common.types import Allocation, AllocationState, Node
+from lattice_common.types import NEVER_PREEMPTED_CLASS, Allocation, AllocationState, Node
 
 from lattice_scheduler.placement import satisfies
 
-NEVER_PREEMPTED_CLASS = 10
+NON_PREEMPTIBLE_FROM_CLASS = 7
+"""checkpoint: None AND class >= 7 is effectively non-preemptible; until the checkpoint
+broker exists every allocation is checkpoint: None."""
+
+
+def non_preemptible(a: Allocation) -> bool:
+    """Effectively non-preemptible (Preemption Policy): sensitive / class 10, or high
+    class without a checkpoint. Kept off borrowed nodes, which may be reclaimed."""
+    return a.spec.preemption_class >= NON_PREEMPTIBLE_FROM_CLASS
 
 
 class PreemptionPolicy(msgspec.Struct, frozen=True, kw_only=True):

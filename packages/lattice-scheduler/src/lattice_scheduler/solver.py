@@ -67,9 +67,10 @@ draws ``node_power_kw``; a selection that would exceed it waits with
 from __future__ import annotations
 
 import math
-from bisect import bisect_right, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterable, Mapping
-from typing import Literal
+from itertools import chain
+from typing import Literal, NamedTuple
 
 import msgspec
 from lattice_common.types import (
@@ -352,11 +353,109 @@ def plan_fitness(plan: Plan, k: int) -> tuple[int, float]:
 # --- the per-cycle index --------------------------------------------------------------
 
 
+class _Avail:
+    """When the usable nodes of some signatures become available, for reservations:
+    per (group, conf) cell, the nodes that will be (avail != INF) sorted by (time, id),
+    as parallel lists of times and ids. Built at a cycle's first reservation;
+    ``occupy`` marks the cells it changes and :meth:`refresh` re-sorts only those
+    before the next reservation (cheaper than keeping every cell sorted node by node,
+    and free after the cycle's last reservation)."""
+
+    __slots__ = ("cells", "dirty", "members")
+
+    def __init__(self, members: dict[tuple[int, Conf], list[str]]) -> None:
+        self.members = members  # cell -> its usable nodes, in id order
+        self.cells: dict[tuple[int, Conf], tuple[list[float], list[str]]] = {}
+        self.dirty: set[tuple[int, Conf]] = set(members)
+
+    def refresh(self, avail: Mapping[str, float]) -> None:
+        by_time = avail.__getitem__
+        for cell in self.dirty:
+            ids = sorted(self.members[cell], key=by_time)  # stable: (time, id) order
+            ts = list(map(by_time, ids))
+            never = bisect_left(ts, INF)  # nodes never available sort last: drop them
+            del ts[never:], ids[never:]
+            self.cells[cell] = (ts, ids)
+        self.dirty.clear()
+
+
+def _shift(cell: tuple[list[float], list[str]], lo: int, hi: int, end: float) -> None:
+    """Move the nodes at ``lo:hi`` of an availability cell (all available by some time
+    before ``end``) to ``end``, keeping the cell in (time, id) order; nodes that will
+    never be available (``end`` INF) leave it."""
+    ts, ids = cell
+    block = ids[lo:hi]
+    del ts[lo:hi], ids[lo:hi]
+    if end == INF:
+        return
+    block.sort()
+    at = bisect_left(ts, end)
+    past = bisect_right(ts, end, at)
+    if at != past:  # nodes already available at ``end``: merge by id
+        block = sorted(ids[at:past] + block)
+    ts[at:past] = [end] * len(block)
+    ids[at:past] = block
+
+
+class _Usable(NamedTuple):
+    """The nodes a vCluster's cycle may use (home "" or the vCluster, enabled, not
+    claimed, not Down/Failed), by what does not change while a topology model lives."""
+
+    ready: list[tuple[str, Node, int, tuple[int, Conf], tuple[float, int, Conf, int]]]
+    not_ready: list[str]  # usable but not Ready (e.g. Draining): never available
+    sig_nodes: dict[int, list[tuple[str, int, Conf]]]  # signature -> (id, group, conf)
+    usable_cells: dict[int, dict[tuple[int, Conf], int]]  # signature -> cell -> nodes
+    where: dict[str, tuple[int, tuple[int, Conf]]]  # id -> (signature, cell)
+    # signatures -> cell -> the cell's nodes of those signatures in id order (_Avail)
+    cell_members: dict[frozenset[int], dict[tuple[int, Conf], list[str]]]
+
+
+def _usable(topo: TopologyModel, vcluster: str) -> _Usable:
+    """The usable nodes, worked out once per model and vCluster (``topo.derived``):
+    RM-Replay keeps one model for a whole replay, and this scan of every node was the
+    largest part of setting up each cycle. Owners are read live by the caller."""
+    key = ("solver.usable", vcluster)
+    got = topo.derived.get(key)
+    if isinstance(got, _Usable):
+        return got
+    sig = topo.node_signature
+    layout = topo.layout or tuple(
+        (nid, n, sig[nid], n.group, n.conformance_group or None) for nid, n in topo.nodes.items()
+    )
+    out = _Usable([], [], {}, {}, {}, {})
+    ready = NodeState.READY
+    for nid, n, s, g, c in layout:  # sorted by id
+        home = n.home_vcluster
+        if (
+            (home and home != vcluster)
+            or n.disabled
+            or n.claimed_by  # serves only its user's sensitive work
+            or n.state in UNUSABLE_STATES
+        ):
+            continue
+        cell = (g, c)
+        nodes_of_sig = out.sig_nodes.get(s)
+        if nodes_of_sig is None:
+            nodes_of_sig = out.sig_nodes[s] = []
+            out.usable_cells[s] = {}
+        nodes_of_sig.append((nid, g, c))
+        uc = out.usable_cells[s]
+        uc[cell] = uc.get(cell, 0) + 1
+        out.where[nid] = (s, cell)
+        if n.state != ready:
+            out.not_ready.append(nid)
+        else:
+            out.ready.append((nid, n, s, cell, (INF, g, c, s)))
+    topo.derived[key] = out
+    return out
+
+
 class _View:
     """Free candidate counts for one constraint key, kept current as nodes are taken."""
 
     __slots__ = (
         "agg",
+        "free_any",
         "free_total",
         "ideal",
         "max_conf",
@@ -367,6 +466,7 @@ class _View:
         "usable_by_conf",
         "usable_by_group",
         "usable_total",
+        "when",
     )
 
     def __init__(self, sigs: list[int], sig_order: list[int]) -> None:
@@ -375,12 +475,16 @@ class _View:
         self.agg: dict[float, dict[int, dict[Conf, int]]] = {}
         self.tot: dict[float, dict[int, int]] = {}
         self.free_total: dict[float, int] = {}
+        self.free_any = 0  # free candidates in every tier (a full cluster: often 0)
         self.usable_by_group: dict[int, int] = {}
         self.usable_by_conf: dict[str, dict[int, int]] = {}
         self.usable_total = 0
         self.ideal: dict[tuple[bool, int], int | None] = {}  # (conformance, k) -> span
         self.max_conf = -1
         self.nodes: list[tuple[str, int, Conf]] = []
+        # the availability index of the view's nodes (see _Cycle._avail); None until
+        # the view's first reservation of the cycle
+        self.when: _Avail | None = None
 
     def add(self, tier: float, g: int, c: Conf, n: int) -> None:
         by_group = self.agg.get(tier)
@@ -405,6 +509,7 @@ class _View:
         else:
             del tot[g]
         self.free_total[tier] += n
+        self.free_any += n
 
     def largest_usable_conf(self) -> int:
         if self.max_conf < 0:
@@ -438,50 +543,52 @@ class _Cycle:
         self.free: dict[float, dict[tuple[int, Conf], dict[int, list[str]]]] = {INF: {}}
         self.loc: dict[str, tuple[float, int, Conf, int]] = {}  # free node -> its cell
         self.avail: dict[str, float] = {}  # usable node -> when it can be used
-        self.sig_nodes: dict[int, list[tuple[str, int, Conf]]] = {}
-        self.usable_cells: dict[int, dict[tuple[int, Conf], int]] = {}
         self.views: dict[tuple[object, ...], _View] = {}
-        self.raw_views: dict[tuple[object, ...], _View] = {}  # constraints as written
+        # constraints as written -> (view, require_conformance flag)
+        self.raw_views: dict[tuple[object, ...], tuple[_View, bool]] = {}
         self.sig_views: dict[int, list[_View]] = {}
+        # availability indexes by the signatures they cover (views with the same
+        # signatures share one), and by signature for occupy
+        self.when_of: dict[frozenset[int], _Avail] = {}
+        self.when_by_sig: dict[int, list[_Avail]] = {}
+        # the last reservation's nodes: (index searched, [(cell, start, stop)] of them)
+        self.reserved: tuple[_Avail, list[tuple[tuple[int, Conf], int, int]]] | None = None
         self.used_nodes: dict[str, int] = {}
         self.used_allocs: dict[str, int] = {}
 
         ends: dict[str, float] = {}
+        used_nodes = self.used_nodes
+        used_allocs = self.used_allocs
+        holding = HOLDING_STATES
         for a in running:
-            if a.state not in HOLDING_STATES:
+            if a.state not in holding:
                 continue
-            t = a.spec.tenant
-            self.used_nodes[t] = self.used_nodes.get(t, 0) + len(a.assigned_nodes)
-            self.used_allocs[t] = self.used_allocs.get(t, 0) + 1
-            w = a.spec.walltime_seconds
+            spec = a.spec
+            t = spec.tenant
+            used_nodes[t] = used_nodes.get(t, 0) + len(a.assigned_nodes)
+            used_allocs[t] = used_allocs.get(t, 0) + 1
+            w = spec.walltime_seconds
             if w > 0:
                 start = a.started_at if a.started_at is not None else now
                 ends[a.id] = max(now, start + w)
 
+        usable = _usable(topo, vcluster)
+        # shared with the model's later cycles: read only
+        self.sig_nodes: dict[int, list[tuple[str, int, Conf]]] = usable.sig_nodes
+        self.usable_cells: dict[int, dict[tuple[int, Conf], int]] = usable.usable_cells
+        self.where = usable.where
+        self.cell_members = usable.cell_members
+        avail = self.avail
+        for nid in usable.not_ready:
+            avail[nid] = INF
         main = self.free[INF]
-        ready = NodeState.READY
-        node_sig = topo.node_signature
-        for nid, n in topo.nodes.items():  # sorted by id
-            home = n.home_vcluster
-            if (home and home != vcluster) or n.disabled or n.state in UNUSABLE_STATES:
-                continue
-            g = n.group
-            c: Conf = n.conformance_group or None
-            s = node_sig[nid]
-            cell = (g, c)
-            nodes_of_sig = self.sig_nodes.get(s)
-            if nodes_of_sig is None:
-                nodes_of_sig = self.sig_nodes[s] = []
-                self.usable_cells[s] = {}
-            nodes_of_sig.append((nid, g, c))
-            uc = self.usable_cells[s]
-            uc[cell] = uc.get(cell, 0) + 1
-            if n.state != ready:
-                self.avail[nid] = INF
-            elif n.owner:
-                self.avail[nid] = ends.get(n.owner, INF)
+        loc = self.loc
+        for nid, n, s, cell, free_loc in usable.ready:  # sorted by id
+            owner = n.owner
+            if owner:
+                avail[nid] = ends.get(owner, INF)
             else:
-                self.avail[nid] = now
+                avail[nid] = now
                 per_sig = main.get(cell)
                 if per_sig is None:
                     per_sig = main[cell] = {}
@@ -489,18 +596,23 @@ class _Cycle:
                 if lst is None:
                     lst = per_sig[s] = []
                 lst.append(nid)
-                self.loc[nid] = (INF, g, c, s)
+                loc[nid] = free_loc
 
     # views ------------------------------------------------------------------------------
 
-    def view(self, spec: AllocationSpec, flags: frozenset[str]) -> _View:
+    def view(self, spec: AllocationSpec) -> tuple[_View, bool]:
+        """The view of the allocation's constraints, and whether it asks for
+        ``require_conformance``; worked out once per distinct constraints a cycle."""
         c = spec.constraints
         raw = (c.gpu_type, c.gpu_count, c.memory_gb, *c.features)
-        v = self.raw_views.get(raw)
-        if v is not None:
-            return v
-        v = self.raw_views[raw] = self._view(spec, flags)
-        return v
+        got = self.raw_views.get(raw)
+        if got is None:
+            flags = constraint_flags(spec)
+            got = self.raw_views[raw] = (
+                self._view(spec, flags),
+                FLAG_REQUIRE_CONFORMANCE in flags,
+            )
+        return got
 
     def _view(self, spec: AllocationSpec, flags: frozenset[str]) -> _View:
         kw = _filter_kwargs(spec)
@@ -541,20 +653,27 @@ class _Cycle:
         return v
 
     def candidates(
-        self, v: _View, end: float
-    ) -> tuple[Mapping[int, Mapping[Conf, int]], Mapping[int, int], int, list[float]]:
+        self, v: _View, end: float, k: int
+    ) -> tuple[Mapping[int, Mapping[Conf, int]], Mapping[int, int], int, list[float]] | None:
         """Free candidate counts usable by a job ending at ``end``: unreserved nodes and
-        nodes whose reservations all start at or after ``end``."""
-        tiers = [t for t, n in v.free_total.items() if n > 0 and t >= end]
-        if not tiers:
-            return {}, {}, 0, [INF]
+        nodes whose reservations all start at or after ``end``; None when fewer than
+        ``k`` (most of the queue, on a full cluster: counted before merging tiers)."""
+        if v.free_any < k:
+            return None
+        tiers: list[float] = []
+        total = 0
+        for t, n in v.free_total.items():
+            if n > 0 and t >= end:
+                tiers.append(t)
+                total += n
+        if total < k:
+            return None
         tiers.sort(reverse=True)  # unreserved first, then the latest reservations
         if len(tiers) == 1:
             t = tiers[0]
             return v.agg[t], v.tot[t], v.free_total[t], tiers
         by_group: dict[int, dict[Conf, int]] = {}
         totals: dict[int, int] = {}
-        total = 0
         for t in tiers:
             for g, per in v.agg[t].items():
                 dst = by_group.setdefault(g, {})
@@ -562,7 +681,6 @@ class _Cycle:
                     dst[c] = dst.get(c, 0) + n
             for g, n in v.tot[t].items():
                 totals[g] = totals.get(g, 0) + n
-            total += v.free_total[t]
         return by_group, totals, total, tiers
 
     # taking and reserving -----------------------------------------------------------------
@@ -613,40 +731,40 @@ class _Cycle:
             w.add(tier, g, c, 1)
 
     def occupy(self, nodes: Iterable[str], until: float) -> None:
+        avail = self.avail
+        by_sig = self.when_by_sig
         for nid in nodes:
-            if self.avail[nid] < until:
-                self.avail[nid] = until
+            old = avail[nid]
+            if old < until:
+                avail[nid] = until
+                if by_sig:
+                    s, cell = self.where[nid]
+                    for when in by_sig.get(s, ()):
+                        when.dirty.add(cell)
+
+    def no_more_reservations(self) -> None:
+        """The cycle will not call ``reserve`` again: stop keeping availability indexes
+        (``occupy`` is cheaper without them; a later ``reserve`` would rebuild them)."""
+        self.when_of.clear()
+        self.when_by_sig.clear()
+        self.reserved = None
+        for v in self.views.values():
+            v.when = None
 
     def reserve(
         self, v: _View, k: int, *, mode: Mode, require_conformance: bool, max_span: int | None
     ) -> tuple[float, list[str]] | None:
         """Earliest start and node set for a blocked job, or None if never (by the
         expected ends known now)."""
-        cells: dict[tuple[int, Conf], list[tuple[float, str]]] = {}
-        avail = self.avail
-        for nid, g, c in v.nodes:
-            t = avail[nid]
-            if t != INF:
-                lst = cells.get((g, c))
-                if lst is None:
-                    lst = cells[(g, c)] = []
-                lst.append((t, nid))
-        if not cells:
-            return None
-        times_of: dict[tuple[int, Conf], list[float]] = {}
-        distinct: set[float] = set()
-        for cell, lst in cells.items():
-            lst.sort()
-            ts = [t for t, _ in lst]
-            times_of[cell] = ts
-            distinct.update(ts)
-        times = sorted(distinct)
+        times_of = self._avail(v)
+        if sum(len(ts) for ts, _ in times_of.values()) < k:
+            return None  # fewer than k nodes ever available (choose's first test)
 
         def plan_at(t: float) -> Plan | None:
             by_group: dict[int, dict[Conf, int]] = {}
             totals: dict[int, int] = {}
             total = 0
-            for (g, c), ts in times_of.items():
+            for (g, c), (ts, _) in times_of.items():
                 n = bisect_right(ts, t)
                 if n:
                     by_group.setdefault(g, {})[c] = n
@@ -662,31 +780,93 @@ class _Cycle:
                 max_span=max_span,
             )
 
-        if plan_at(times[-1]) is None:
-            return None
-        lo, hi = 0, len(times) - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if plan_at(times[mid]) is not None:
-                hi = mid
-            else:
-                lo = mid + 1
-        start = times[lo]
+        # The earliest time with a plan. More nodes never make a plan impossible (rule
+        # (c) only asks for enough nodes in few enough groups or one conformance group),
+        # so a plan exists from some time on: search the availability times for it.
+        # Before the k-th earliest one (found among the k earliest of each cell) there
+        # are fewer than k nodes; from it on, a plain "pack" job always fits, so the
+        # first probe is usually the last.
+        start = sorted(chain.from_iterable(ts[:k] for ts, _ in times_of.values()))[k - 1]
         plan = plan_at(start)
-        assert plan is not None
+        if plan is None:
+            times = sorted(chain.from_iterable(ts for ts, _ in times_of.values()))
+            last = plan_at(times[-1])
+            if last is None:
+                return None
+            lo, hi = bisect_right(times, start), len(times) - 1
+            plan, start = last, times[-1]
+            while lo < hi:  # times[hi] has a plan; no time before times[lo] has one
+                t = times[(lo + hi) // 2]
+                found = plan_at(t)
+                if found is not None:
+                    plan, start = found, t
+                    hi = bisect_left(times, t)
+                else:
+                    lo = bisect_right(times, t)
         # In each cell, the nodes that come free last (by the start): nodes free now stay
         # available to backfill wherever the reservation can do without them.
         chosen: list[str] = []
+        runs: list[tuple[tuple[int, Conf], int, int]] = []
         for g, per in plan.items():
             for c, n in per.items():
-                ready = bisect_right(times_of[(g, c)], start)
-                chosen.extend(nid for _, nid in cells[(g, c)][ready - n : ready])
+                ts, ids = times_of[(g, c)]
+                ready = bisect_right(ts, start)
+                chosen.extend(ids[ready - n : ready])
+                runs.append(((g, c), ready - n, ready))
+        assert v.when is not None
+        self.reserved = (v.when, runs)  # for hold_for, called next with these nodes
         return start, sorted(chosen)
+
+    def _avail(self, v: _View) -> dict[tuple[int, Conf], tuple[list[float], list[str]]]:
+        """The view's availability index (:class:`_Avail`), current: a cycle reserves up
+        to ``backfill_depth`` times, mostly for the same few views, and rescanning and
+        sorting every node for each reservation dominated the cycle on large clusters."""
+        when = v.when
+        if when is None:
+            when = self.when_of.get(v.sigs)
+            if when is None:
+                members = self.cell_members.get(v.sigs)
+                if members is None:  # static while the model lives: kept with it
+                    members = self.cell_members[v.sigs] = {}
+                    for nid, g, c in v.nodes:
+                        ids = members.get((g, c))
+                        if ids is None:
+                            ids = members[(g, c)] = []
+                        ids.append(nid)
+                    if len(v.sigs) > 1:  # one signature's nodes are listed in id order
+                        for ids in members.values():
+                            ids.sort()
+                when = self.when_of[v.sigs] = _Avail(members)
+                for s in v.sigs:
+                    self.when_by_sig.setdefault(s, []).append(when)
+            v.when = when
+        if when.dirty:
+            when.refresh(self.avail)
+        return when.cells
 
     def hold_for(self, nodes: list[str], start: float, end: float) -> None:
         """Record a reservation: its nodes are busy until ``end`` for later reservations,
         and free ones move to the tier of the earliest reservation holding them."""
-        self.occupy(nodes, end)
+        found = self.reserved
+        self.reserved = None
+        if found is None:
+            self.occupy(nodes, end)
+        else:
+            # the nodes ``reserve`` just returned: in the index it searched they are one
+            # run per cell, moved as a block (re-sorting those cells was most of the
+            # cost of a reservation); other indexes only learn which cells changed
+            when, runs = found
+            for cell, lo, hi in runs:
+                _shift(when.cells[cell], lo, hi, end)
+            # all were available by ``start``, before ``end``: all move (as occupy)
+            self.avail.update(dict.fromkeys(nodes, end))
+            if len(self.when_of) > 1:
+                by_sig = self.when_by_sig
+                for nid in nodes:
+                    s, cell = self.where[nid]
+                    for other in by_sig.get(s, ()):
+                        if other is not when:
+                            other.dirty.add(cell)
         for nid in nodes:
             loc = self.loc.get(nid)
             if loc is None or loc[0] <= start:
@@ -733,8 +913,13 @@ def solve(
         and a.id not in skip
         and (not vcluster or a.spec.vcluster == vcluster)
     ]
-    scores = {a.id: float(score(a)) for a in queue}
-    queue.sort(key=lambda a: (-scores[a.id], -a.spec.preemption_class, a.submitted_at, a.id))
+    scores: dict[str, float] = {}
+    order: list[tuple[float, int, float, str, int]] = []
+    for i, a in enumerate(queue):
+        s = scores[a.id] = float(score(a))
+        order.append((-s, -a.spec.preemption_class, a.submitted_at, a.id, i))
+    order.sort()  # the position breaks no tie the id does not (ids are unique)
+    queue = [queue[key[-1]] for key in order]
     result = SolveResult(proposals=[], reservations=[], pending=[], scores=scores)
     if not queue:
         return result
@@ -761,14 +946,19 @@ def solve(
         ):
             result.pending.append(Pending(a.id, REASON_QUOTA))
             continue
-        flags = constraint_flags(spec)
-        v = cyc.view(spec, flags)
+        v, conformance = cyc.view(spec)
         if v.usable_total < k:
             result.pending.append(Pending(a.id, REASON_NO_MATCH))
             continue
-        need_conf = FLAG_REQUIRE_CONFORMANCE in flags and k > 1
+        need_conf = conformance and k > 1
         if need_conf and v.largest_usable_conf() < k:
             result.pending.append(Pending(a.id, REASON_CONFORMANCE))
+            continue
+        if not depth_left and v.free_any < k:
+            # nothing free to start on and no reservation left to make: on a full
+            # cluster, most of the queue (the same outcome as the steps below)
+            result.pending.append(Pending(a.id, REASON_OCCUPIED))
+            blocked_above = True
             continue
         topo_hint = spec.constraints.topology
         mode: Mode = "any" if topo_hint == "any" else "tight" if topo_hint == "tight" else "pack"
@@ -781,16 +971,22 @@ def solve(
                 max_span = v.ideal[ikey] = v.ideal_span(need_conf, k)
         w = spec.walltime_seconds
         end = now_ + w if w > 0 else INF
-        by_group, totals, total, tiers = cyc.candidates(v, end)
-        plan = choose(
-            by_group,
-            totals,
-            total,
-            k,
-            mode=mode,
-            require_conformance=need_conf,
-            max_span=max_span,
-        )
+        found_free = None
+        if v.free_any >= k:  # (most of the queue, on a full cluster: not even that)
+            found_free = cyc.candidates(v, end, k)
+        if found_free is None:  # fewer than k candidates: choose would say None
+            plan, tiers = None, []
+        else:
+            by_group, totals, total, tiers = found_free
+            plan = choose(
+                by_group,
+                totals,
+                total,
+                k,
+                mode=mode,
+                require_conformance=need_conf,
+                max_span=max_span,
+            )
         if plan is not None:
             taken = cyc.take(v, plan, tiers)
             chosen = [nid for nid, _ in taken]
@@ -824,6 +1020,8 @@ def solve(
             found = cyc.reserve(v, k, mode=mode, require_conformance=need_conf, max_span=max_span)
             if found is not None:
                 depth_left -= 1
+                if not depth_left:
+                    cyc.no_more_reservations()
                 start, reserved = found
                 r_end = start + w if w > 0 else INF
                 cyc.hold_for(reserved, start, r_end)

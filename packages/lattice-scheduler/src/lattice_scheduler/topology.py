@@ -100,14 +100,23 @@ class Signature(NamedTuple):
 
 
 def is_free(node: Node) -> bool:
-    """Ready, not owned by any allocation, not administratively disabled."""
-    return node.state == NodeState.READY and not node.owner and not node.disabled
+    """Ready, not owned by any allocation, not administratively disabled, not claimed
+    for sensitive use (the sensitive scheduler hands a user's claimed nodes to the
+    solver as unclaimed copies)."""
+    return (
+        node.state == NodeState.READY
+        and not node.owner
+        and not node.disabled
+        and not node.claimed_by
+    )
 
 
 @dataclass(slots=True)
 class TopologyModel:
     """Dragonfly groups, their neighbours and conformance make-up, free nodes by group,
-    and capability signatures. Read-only once built; rebuild it every cycle."""
+    and capability signatures. Read-only once built; rebuild it every cycle (or at
+    least whenever a node's state, home, claim or enabled flag changes: owners are
+    the only thing the solver reads live)."""
 
     nodes: dict[str, Node]
     groups: tuple[int, ...]  # sorted
@@ -118,6 +127,13 @@ class TopologyModel:
     signatures: tuple[Signature, ...]  # index = signature id
     node_signature: dict[str, int]  # node id -> signature id
     _group_set: frozenset[int] = field(default=frozenset(), repr=False)
+    # (id, node, signature id, group, conformance fingerprint or None) per node, sorted
+    # by id: what the solver reads of every node in every cycle, looked up once here
+    layout: tuple[tuple[str, Node, int, int, str | None], ...] = field(default=(), repr=False)
+    # memo of data derived from the nodes as they were when first asked (the solver's
+    # usable nodes per vCluster: homes, states, claims, enabled flags); a model is a
+    # snapshot, so it is valid for the model's life
+    derived: dict[object, object] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_nodes(cls, nodes: Mapping[str, Node] | Iterable[Node]) -> TopologyModel:
@@ -142,7 +158,7 @@ class TopologyModel:
                 free[g] = []
                 conf[g] = Counter()
             ids.append(nid)
-            if n.state == ready and not n.owner and not n.disabled:
+            if n.state == ready and not n.owner and not n.disabled and not n.claimed_by:
                 free[g].append(nid)
             conf[g][n.conformance_group] += 1
             caps = n.capabilities
@@ -167,6 +183,10 @@ class TopologyModel:
             signatures=tuple(sigs),
             node_signature=node_sig,
             _group_set=frozenset(groups),
+            layout=tuple(
+                (nid, n, node_sig[nid], n.group, n.conformance_group or None)
+                for nid, n in by_id.items()
+            ),
         )
 
     # --- queries ------------------------------------------------------------------------

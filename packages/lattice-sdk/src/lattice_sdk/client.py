@@ -330,6 +330,10 @@ class LatticeClient:
     async def enable_node(self, node_id: str, reason: str = "") -> Node:
         return await self._node_action(node_id, "enable", reason)
 
+    async def release_node_claim(self, node_id: str) -> Node:
+        """End your sensitive claim on an idle node (administrators: anyone's)."""
+        return await self._node_action(node_id, "release")
+
     # ------------------------------------------------------------------ tenants
 
     async def list_tenants(self) -> list[Tenant]:

@@ -58,6 +58,7 @@ from lattice_common.types import (
     VCluster,
 )
 from lattice_common.watch import StateMirror
+from lattice_scheduler.cost import gpu_hours
 from lattice_scheduler.preemption import NEVER_PREEMPTED_CLASS, PreemptionPolicy
 from lattice_scheduler.profiles import weights_as_mapping
 from lattice_scheduler.topology import TopologyModel
@@ -87,6 +88,77 @@ INF = math.inf
 _END = 0
 _CHECKPOINT = 1
 _ARRIVAL = 2
+
+
+class _ScoringIndex:
+    """``lattice_scheduler.cost.ScoringIndex`` for the replay's mirror: the totals
+    ``cost.build_context`` would otherwise rescan every allocation and node for, in
+    every decision. The engine keeps them as it queues, assigns and releases (node
+    states, capabilities and homes never change during a replay); the sums are added
+    in the mirror's ``pending`` / ``holding`` order, as the scan adds them."""
+
+    __slots__ = ("free_by_group", "held", "holding_hours", "pending_hours", "sums")
+
+    def __init__(self, held_per_tenant: dict[str, int]) -> None:
+        # (dragonfly group, home vCluster) -> free nodes: Ready, unowned, enabled
+        self.free_by_group: dict[tuple[int, str], int] = {}
+        # per allocation, cost.gpu_hours, in the order of m.pending / m.holding
+        self.pending_hours: dict[str, float] = {}
+        self.holding_hours: dict[str, float] = {}
+        self.held = held_per_tenant  # the engine's tenant_busy
+        self.sums: tuple[float, float] | None = None  # (queued, running), until a change
+
+    def queue(self, a: Allocation) -> None:
+        self.pending_hours[a.id] = gpu_hours(a)
+        self.sums = None
+
+    def unqueue(self, aid: str) -> None:
+        del self.pending_hours[aid]
+        self.sums = None
+
+    def hold(self, a: Allocation, nodes: Mapping[str, Node]) -> None:
+        self.holding_hours[a.id] = gpu_hours(a, nodes)
+        self.sums = None
+
+    def unhold(self, aid: str) -> None:
+        del self.holding_hours[aid]
+        self.sums = None
+
+    def _sums(self) -> tuple[float, float]:
+        if self.sums is None:
+            queued = running = 0.0
+            for x in self.pending_hours.values():
+                queued += x
+            for x in self.holding_hours.values():
+                running += x
+            self.sums = (queued, running)
+        return self.sums
+
+    def queued_gpu_hours(self) -> float:
+        return self._sums()[0]
+
+    def running_gpu_hours(self) -> float:
+        return self._sums()[1]
+
+    def held_nodes(self) -> Mapping[str, int]:
+        return self.held
+
+    def free_groups(self, vcluster: str | None) -> int:
+        return len(
+            {
+                g
+                for (g, home), n in self.free_by_group.items()
+                if n and (vcluster is None or home in ("", vcluster))
+            }
+        )
+
+
+class _ReplayMirror(StateMirror):
+    """The replay's StateMirror, with the scoring index ``cost.build_context`` uses."""
+
+    def __init__(self, held_per_tenant: dict[str, int]) -> None:
+        super().__init__()
+        self.scoring_index = _ScoringIndex(held_per_tenant)
 
 
 class _Job:
@@ -267,8 +339,10 @@ class Replay:
         self.inventory = inventory
 
         # --- the cluster
-        m = self.m = StateMirror()
+        self.tenant_busy: dict[str, int] = {}
+        m = self.m = _ReplayMirror(self.tenant_busy)
         m.nodes = build_nodes(inventory)
+        self.index = m.scoring_index
         self.topology = TopologyModel.from_nodes(m.nodes)
         self.home_pools = frozenset(n.home_vcluster for n in m.nodes.values())
         self.total_nodes = len(m.nodes)
@@ -282,6 +356,10 @@ class Replay:
             if n.state == NodeState.READY and not n.disabled:
                 cell = (s, n.home_vcluster)
                 self.free_cells[cell] = self.free_cells.get(cell, 0) + 1
+                if not n.owner:
+                    gcell = (n.group, n.home_vcluster)
+                    free_by_group = self.index.free_by_group
+                    free_by_group[gcell] = free_by_group.get(gcell, 0) + 1
 
         # --- the workload
         entries = jobs_from_events(trace_events, default_vcluster=default_vcluster)
@@ -342,7 +420,6 @@ class Replay:
         # --- accounting
         self.busy_nodes = 0
         self.busy_gpus = 0
-        self.tenant_busy: dict[str, int] = {}
         self.running = 0
         self.samples: list[UtilizationSample] = []
         self.cycles: list[CycleStat] = []
@@ -440,6 +517,7 @@ class Replay:
     def _enqueue(self, job: _Job) -> None:
         a = job.alloc
         self.m.pending[a.id] = None
+        self.index.queue(a)
         keys = self.pending_keys.setdefault(job.vc, {})
         sizes = keys.setdefault(job.key, {})
         self.key_spec.setdefault(job.key, a.spec)
@@ -452,6 +530,7 @@ class Replay:
     def _dequeue(self, job: _Job) -> None:
         a = job.alloc
         del self.m.pending[a.id]
+        self.index.unqueue(a.id)
         keys = self.pending_keys[job.vc]
         sizes = keys[job.key]
         k = job.least
@@ -495,6 +574,7 @@ class Replay:
         a.exit_code = job.exit if outcome != "walltime_exceeded" else None
         a.reason = outcome if outcome != "completed" else ""
         del self.m.holding[aid]
+        self.index.unhold(aid)
         if not self.keep_history:
             del self.m.allocations[aid]
         job.gen += 1
@@ -523,6 +603,7 @@ class Replay:
         a.resume_from_checkpoint = True
         a.reason = "preempted"
         del self.m.holding[aid]
+        self.index.unhold(aid)
         self._enqueue(job)
         job.preempted_count += 1
         job.gen += 1
@@ -546,6 +627,9 @@ class Replay:
                 if n.state == NodeState.READY and not n.disabled:
                     cell = (self.sig_of[nid], n.home_vcluster)
                     self.free_cells[cell] += 1
+                    gcell = (n.group, n.home_vcluster)
+                    free_by_group = self.index.free_by_group
+                    free_by_group[gcell] = free_by_group.get(gcell, 0) + 1
         self.busy_nodes -= len(a.assigned_nodes)
         self.busy_gpus -= job.gpus
         tenant = a.spec.tenant
@@ -596,6 +680,7 @@ class Replay:
             gpus += n.capabilities.gpu_count
             if not n.disabled:
                 self.free_cells[(self.sig_of[n.id], n.home_vcluster)] -= 1
+                self.index.free_by_group[(n.group, n.home_vcluster)] -= 1
             if n.home_vcluster not in ("", a.spec.vcluster):
                 homes.add(n.home_vcluster)
         a.assigned_nodes = list(p.node_ids)
@@ -606,6 +691,7 @@ class Replay:
         a.reason = ""
         self._dequeue(job)
         self.m.holding[a.id] = None
+        self.index.hold(a, self.m.nodes)
         c = a.spec.preemption_class
         self.running_classes[c] = self.running_classes.get(c, 0) + 1
         job.borrow_homes = tuple(sorted(homes))

@@ -1,15 +1,10 @@
 """The scheduling policies a replay can run: the real Lattice scheduler and two baselines.
 
-* ``lattice``: :func:`lattice_decide` is ``lattice_scheduler.loop.Scheduler.cycle`` for
-  one vCluster, step for step, minus the I/O: task-group limits
-  (``placement.limit_task_groups``), the cheap path when no node is free
-  (``placement.plan_cycle`` for the reasons), scoring with the vCluster's weights
-  (``cost.build_context`` + ``cost.score``; arrival order for ``interactive-fifo``),
-  ``solver.solve`` (GreedyTopologyAwareBackfill with the vCluster's backfill depth),
-  node ranges shrunk to what is free (``min_nodes``), elastic borrowing of idle pools (``solve`` again, depth 0) and preemption
-  (``preemption.select_victims`` for the top blocked allocations). Instead of proposing
-  commands it returns them as a :class:`Decision`; the engine applies them the way
-  the quorum would. Nothing of the scheduler is re-implemented here.
+* ``lattice``: :func:`lattice_decide` is ``lattice_scheduler.decide.decide_vcluster``,
+  the function the live scheduler's cycle runs for each vCluster (queue, cost-function
+  order, GreedyTopologyAwareBackfill, node ranges, elastic borrowing, preemption).
+  Instead of proposing commands the engine applies its decision the way the quorum
+  would. Nothing of the scheduler is re-implemented here.
 * ``fcfs``: strict arrival order (original submit time), no backfill: the first
   allocation that does not fit blocks every later one.
 * ``easy``: EASY backfill. Arrival order; the first allocation that does not fit (the
@@ -28,40 +23,30 @@ could ever satisfy are passed over instead of blocking the queue. Neither preemp
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Collection, Iterable
+from typing import Protocol
 
 import msgspec
 from lattice_common.types import (
     Allocation,
     AllocationSpec,
-    AllocationState,
     Constraints,
-    CostWeights,
     Node,
     NodeState,
-    SchedulerType,
 )
 from lattice_common.watch import StateMirror
-from lattice_scheduler import cost, decide
-from lattice_scheduler.loop import PREEMPTION_CANDIDATES_PER_CYCLE
+from lattice_scheduler import decide
 from lattice_scheduler.placement import (
-    eligible,
-    limit_task_groups,
-    order_pending,
     pick_nodes,
-    plan_cycle,
     satisfies,
 )
-from lattice_scheduler.preemption import PreemptionPolicy, select_victims
+from lattice_scheduler.preemption import PreemptionPolicy
 from lattice_scheduler.solver import (
-    REASON_OCCUPIED,
     SOLVER_FLAGS,
     Pending,
     Proposal,
     Reservation,
     node_satisfies,
-    solve,
 )
 from lattice_scheduler.topology import TopologyModel
 
@@ -162,65 +147,6 @@ def _placement(p: Proposal, vc: str, *, borrowed: bool = False) -> Placement:
     )
 
 
-def lattice_scorer(m: StateMirror, vc: str, now: float) -> Callable[[Allocation], float]:
-    """``Scheduler._scorer``: Score(j) = sum w_i f_i(j) with the vCluster's weights, or
-    arrival order for interactive-fifo."""
-    v = m.vclusters.get(vc)
-    if v is not None and v.scheduler_type == SchedulerType.INTERACTIVE_FIFO:
-        return lambda a: -a.submitted_at
-    ctx = cost.build_context(m, now, vcluster=vc)
-    weights = v.weights if v is not None else CostWeights()
-    return lambda a: cost.score(a, ctx, weights)
-
-
-def held_back_ids(m: StateMirror) -> set[str]:
-    """Preempted allocations waiting until the one they made room for has started."""
-    allocs = m.allocations
-    return {
-        i
-        for i in m.pending
-        if (p := allocs[i].preempted_by)
-        and p in allocs
-        and allocs[p].state == AllocationState.PENDING
-    }
-
-
-def solver_order(pending: Iterable[Allocation], scores: Mapping[str, float]) -> tuple[str, ...]:
-    """Step 1 of ``solver.solve``: score descending, then preemption class descending,
-    original submit time, id."""
-    return tuple(
-        a.id
-        for a in sorted(
-            pending, key=lambda a: (-scores[a.id], -a.spec.preemption_class, a.submitted_at, a.id)
-        )
-    )
-
-
-def _lattice_queue(
-    m: StateMirror, vc: str, held_back: Collection[str]
-) -> tuple[list[Allocation], list[Allocation], list[Any]]:
-    """What ``Scheduler.cycle`` hands the solver: the vCluster's Pending allocations
-    (not held back) within their task-group limits, the held-back-by-limit ones'
-    reasons, and the allocations holding nodes."""
-    allocs = m.allocations
-    pending = [allocs[i] for i in m.pending if allocs[i].spec.vcluster == vc and i not in held_back]
-    holding = [allocs[i] for i in m.holding]
-    if not pending:
-        return [], holding, []
-    pending, limited = limit_task_groups(pending, holding)
-    return pending, holding, list(limited)
-
-
-def lattice_queue_order(m: StateMirror, vc: str, now: float) -> tuple[str, ...]:
-    """The order ``solver.solve`` sorts this vCluster's queue in at ``now`` (the
-    allocations :func:`lattice_decide` passes it, scored by the same scorer)."""
-    pending, _, _ = _lattice_queue(m, vc, held_back_ids(m))
-    if not pending:
-        return ()
-    scorer = lattice_scorer(m, vc, now)
-    return solver_order(pending, {a.id: float(scorer(a)) for a in pending})
-
-
 def lattice_decide(
     m: StateMirror,
     vc: str,
@@ -231,136 +157,43 @@ def lattice_decide(
     held_back: Collection[str] | None = None,
     home_pools: Collection[str] | None = None,
 ) -> Decision:
-    """One vCluster's part of ``Scheduler.cycle`` on the mirror ``m`` at ``now``.
-
-    Pure: reads ``m``, changes nothing. ``topology`` defaults to a model built from
-    ``m.nodes`` (as the loop does every cycle). ``home_pools``: the set of nodes'
-    ``home_vcluster`` values, when the caller knows it (lets borrowing skip its scan
-    of every node when no other pool exists; the outcome is the same)."""
-    if topology is None:
-        topology = TopologyModel.from_nodes(m.nodes)
-    policy = preemption_policy or PreemptionPolicy()
-    if held_back is None:
-        held_back = held_back_ids(m)
-    allocs = m.allocations
-    pending, holding, limited = _lattice_queue(m, vc, held_back)
-    if not pending:
-        return Decision(critical_order=())
-    v = m.vclusters.get(vc)
-    if not any(n.schedulable for n in m.nodes.values()):
-        _, waiting = plan_cycle(
-            vcluster=vc,
-            allocations=allocs,
-            nodes=m.nodes,
-            tenants=m.tenants,
-            pending_ids=[a.id for a in pending],
-            holding_ids=m.holding,
-        )
-        waiting = [Pending(w.allocation_id, w.reason) for w in (*waiting, *limited)]
-        return Decision(
-            preemptions=_preempt_for(m, vc, waiting, [], now, policy, home_pools),
-            waiting=waiting,
-            critical_order=(),  # no free node: nothing can start, in any order
-        )
-    fifo = v is not None and v.scheduler_type == SchedulerType.INTERACTIVE_FIFO
-    depth = 0 if fifo else (v.backfill_depth if v is not None else 10)
-    scorer = lattice_scorer(m, vc, now)
-    result = solve(
-        pending,
-        m.nodes,
-        holding,
-        score=scorer,
-        now=now,
-        backfill_depth=depth,
-        vcluster=vc,
-        tenants=m.tenants,
+    """``lattice_scheduler.decide.decide_vcluster`` (what the live scheduler runs for
+    one vCluster each cycle) as a :class:`Decision`, plus the decision's
+    ``critical_order`` for the engine's idle-cycle skipping."""
+    d = decide.decide_vcluster(
+        m,
+        vc,
+        now,
         topology=topology,
+        preemption_policy=preemption_policy,
+        exclude=held_back,
+        home_pools=home_pools,
     )
-    proposals = list(result.proposals)
-    waiting = [*result.pending, *(Pending(w.allocation_id, w.reason) for w in limited)]
-    proposals, waiting = decide.shrink_ranges(m, vc, pending, proposals, waiting, now)
-    borrowed: list[Proposal] = []
-    other_pools = home_pools is None or any(h not in ("", vc) for h in home_pools)
-    if (v is None or v.allow_borrowing) and other_pools:
-        borrowed, waiting = decide.borrow(m, vc, pending, waiting, proposals, now, scorer)
-    placements = [_placement(p, vc) for p in proposals]
-    placements += [_placement(p, vc, borrowed=True) for p in borrowed]
-    preemptions = _preempt_for(m, vc, waiting, [*proposals, *borrowed], now, policy, home_pools)
+    placements = [_placement(p, vc) for p in d.proposals]
+    placements += [_placement(p, vc, borrowed=True) for p in d.borrowed]
     critical: tuple[str, ...] | None = None
-    if not placements and not preemptions:
-        order = solver_order(pending, result.scores)
-        if depth <= 0:
+    if d.nothing_free or not d.queue:
+        critical = ()  # nothing queued, or no free node: nothing can start, in any order
+    elif not placements and not d.preemptions:
+        order = decide.solver_order(d.queue, d.scores)
+        if d.backfill_depth <= 0:
             critical = ()
-        elif len(result.reservations) >= depth:
-            critical = order[: order.index(result.reservations[-1].allocation_id) + 1]
+        elif len(d.reservations) >= d.backfill_depth:
+            critical = order[: order.index(d.reservations[-1].allocation_id) + 1]
         else:
             critical = order
     return Decision(
         placements=placements,
-        preemptions=preemptions,
-        waiting=waiting,
-        reservations=list(result.reservations),
+        preemptions=[(p.victim, p.preemptor) for p in d.preemptions],
+        waiting=d.waiting,
+        reservations=d.reservations,
         critical_order=critical,
     )
 
 
-def _preempt_for(
-    m: StateMirror,
-    vc: str,
-    waiting: list[Pending],
-    proposals: list[Proposal],
-    now: float,
-    policy: PreemptionPolicy,
-    home_pools: Collection[str] | None = None,
-) -> list[tuple[str, str]]:
-    """``Scheduler._preempt_for``: victims for the highest blocked allocations. The
-    only change: it returns early, before scanning the nodes, when no running
-    allocation could be a victim (nothing of a lower class, nothing reclaimable), in
-    which case the loop's ``select_victims`` calls all come back empty."""
-    occupied = [w.allocation_id for w in waiting if w.reason == REASON_OCCUPIED]
-    if not occupied:
-        return []
-    allocs = m.allocations
-    running = [allocs[i] for i in m.holding if allocs[i].state == AllocationState.RUNNING]
-    nodes = m.nodes
-    reclaimable: frozenset[str] = frozenset()
-    if home_pools is None or vc in home_pools:  # else no node has vc as its home
-        reclaimable = frozenset(
-            a.id
-            for a in running
-            if a.spec.vcluster != vc
-            and any(n in nodes and nodes[n].home_vcluster == vc for n in a.assigned_nodes)
-        )
-    top = max(allocs[i].spec.preemption_class for i in occupied)
-    if not reclaimable and not any(a.spec.preemption_class < top for a in running):
-        return []
-    taken = {n for p in proposals for n in p.node_ids}
-    free = [n for n in nodes.values() if eligible(n, vc) and n.id not in taken]
-    releasing_for = {
-        allocs[i].preempted_by
-        for i in m.holding
-        if allocs[i].state == AllocationState.CHECKPOINTING
-    }
-    jobs = order_pending(allocs[i] for i in occupied)
-    chosen: set[str] = set()
-    out: list[tuple[str, str]] = []
-    for job in jobs[:PREEMPTION_CANDIDATES_PER_CYCLE]:
-        if job.id in releasing_for or (job.spec.preemption_class == 0 and not reclaimable):
-            continue
-        victims = select_victims(
-            job,
-            [a for a in running if a.id not in chosen],
-            nodes,
-            now=now,
-            free_nodes=free,
-            policy=policy,
-            reclaimable=reclaimable,
-        )
-        if not victims:
-            continue
-        chosen.update(victims)
-        out.extend((victim, job.id) for victim in victims)
-    return out
+def lattice_queue_order(m: StateMirror, vc: str, now: float) -> tuple[str, ...]:
+    """The order ``solver.solve`` sorts this vCluster's queue in at ``now``."""
+    return decide.queue_order(m, vc, now)
 
 
 class LatticePolicy:

@@ -62,6 +62,8 @@ __all__ = (
     "GetTenantUsageRequest",
     "GetUserUsageRequest",
     "GetVClusterRequest",
+    "GpuDevice",
+    "GpuLink",
     "HealthSummary",
     "HeartbeatRequest",
     "HeartbeatResponse",
@@ -86,6 +88,8 @@ __all__ = (
     "LogRequest",
     "LookupServiceRequest",
     "LookupServiceResponse",
+    "MemoryDomain",
+    "MemoryInterconnect",
     "MetricComparison",
     "MetricSample",
     "MetricsSnapshot",
@@ -294,6 +298,13 @@ class Allocation(betterproto2.Message):
     pending_reason: "str" = betterproto2.field(19, betterproto2.TYPE_STRING)
     """
     why the scheduler has not started it yet (Pending only)
+    """
+
+    checkpoint_hint_at: "float | None" = betterproto2.field(
+        20, betterproto2.TYPE_DOUBLE, optional=True
+    )
+    """
+    when preemption asked it to checkpoint
     """
 
 
@@ -1606,6 +1617,81 @@ default_message_pool.register_message("lattice.v1", "GetVClusterRequest", GetVCl
 
 
 @dataclass(eq=False, repr=False)
+class GpuDevice(betterproto2.Message):
+    """
+    One GPU of a node (spec: GPU Topology); mirrors lattice_common.types.GpuDevice.
+    """
+
+    index: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
+    """
+    GPU index on the node
+    """
+
+    vendor: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Nvidia | Amd
+    """
+
+    model: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    e.g. "H100", "MI300X"
+    """
+
+    memory_bytes: "int" = betterproto2.field(4, betterproto2.TYPE_UINT64)
+    """
+    device memory
+    """
+
+    compute_capability: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    CUDA CC ("9.0") or GCN/CDNA arch ("gfx942")
+    """
+
+    numa_node: "int | None" = betterproto2.field(6, betterproto2.TYPE_INT32, optional=True)
+    """
+    NUMA node with local access; unset = unknown
+    """
+
+    nic_affinity: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
+    """
+    the NIC closest to this GPU, "" when unknown
+    """
+
+
+default_message_pool.register_message("lattice.v1", "GpuDevice", GpuDevice)
+
+
+@dataclass(eq=False, repr=False)
+class GpuLink(betterproto2.Message):
+    """
+    A link between two GPUs of a node; mirrors lattice_common.types.GpuLink.
+    """
+
+    gpu_a: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
+    """
+    GPU index
+    """
+
+    gpu_b: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+    """
+    GPU index
+    """
+
+    link_type: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    NvLink | NvSwitch | InfinityFabric | Xgmi | Pcie
+    """
+
+    bandwidth_gbps: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
+    """
+    GB/s
+    """
+
+
+default_message_pool.register_message("lattice.v1", "GpuLink", GpuLink)
+
+
+@dataclass(eq=False, repr=False)
 class HealthSummary(betterproto2.Message):
     """
     A node's own view of its health, sent with each heartbeat.
@@ -1643,7 +1729,7 @@ class HealthSummary(betterproto2.Message):
 
     conformance_fingerprint: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
     """
-    hash of the node's software/firmware stack
+    hash of the node's software/firmware stack (conformance group); "" = not reported
     """
 
 
@@ -2179,6 +2265,86 @@ default_message_pool.register_message("lattice.v1", "LookupServiceResponse", Loo
 
 
 @dataclass(eq=False, repr=False)
+class MemoryDomain(betterproto2.Message):
+    """
+    A memory domain (spec: Memory Topology); mirrors lattice_common.types.MemoryDomain.
+    """
+
+    id: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
+    """
+    domain id on the node
+    """
+
+    domain_type: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Dram | Hbm | CxlAttached | Unified
+    """
+
+    capacity_bytes: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+    """
+    memory in the domain
+    """
+
+    numa_node: "int | None" = betterproto2.field(4, betterproto2.TYPE_INT32, optional=True)
+    """
+    Linux NUMA node id; unset = none
+    """
+
+    cpulist: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    CPUs with local access, Linux list format ("0-71")
+    """
+
+    cpu_count: "int" = betterproto2.field(6, betterproto2.TYPE_INT32)
+    """
+    how many CPUs cpulist names
+    """
+
+    attached_gpus: "list[int]" = betterproto2.field(7, betterproto2.TYPE_UINT32, repeated=True)
+    """
+    GPU indices with local/coherent access
+    """
+
+
+default_message_pool.register_message("lattice.v1", "MemoryDomain", MemoryDomain)
+
+
+@dataclass(eq=False, repr=False)
+class MemoryInterconnect(betterproto2.Message):
+    """
+    A link between two memory domains; mirrors lattice_common.types.MemoryInterconnect.
+    """
+
+    domain_a: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
+    """
+    domain id
+    """
+
+    domain_b: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+    """
+    domain id
+    """
+
+    link_type: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    NumaLink | CxlSwitch | CoherentFabric
+    """
+
+    distance: "int" = betterproto2.field(4, betterproto2.TYPE_INT32)
+    """
+    relative NUMA distance (10 = local), 0 = unknown
+    """
+
+    bandwidth_gbps: "float" = betterproto2.field(5, betterproto2.TYPE_DOUBLE)
+    """
+    GB/s, 0 = unknown
+    """
+
+
+default_message_pool.register_message("lattice.v1", "MemoryInterconnect", MemoryInterconnect)
+
+
+@dataclass(eq=False, repr=False)
 class MetricComparison(betterproto2.Message):
     """
     One metric across the compared allocations.
@@ -2369,6 +2535,26 @@ class Node(betterproto2.Message):
     an operator drain, kept across Down and re-registration
     """
 
+    expected_conformance: "str" = betterproto2.field(24, betterproto2.TYPE_STRING)
+    """
+    conformance baseline (first registered / accepted fingerprint)
+    """
+
+    conformance_drift: "bool" = betterproto2.field(25, betterproto2.TYPE_BOOL)
+    """
+    the reported fingerprint (conformance_group) differs from the baseline
+    """
+
+    claimed_by: "str" = betterproto2.field(17, betterproto2.TYPE_STRING)
+    """
+    user holding a sensitive claim on the node, "" when unclaimed
+    """
+
+    claimed_at: "float | None" = betterproto2.field(18, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    when the claim was made
+    """
+
 
 default_message_pool.register_message("lattice.v1", "Node", Node)
 
@@ -2422,6 +2608,40 @@ class NodeCapabilities(betterproto2.Message):
     features: "list[str]" = betterproto2.field(5, betterproto2.TYPE_STRING, repeated=True)
     """
     e.g. "nvme_scratch"
+    """
+
+    gpus: "list[GpuDevice]" = betterproto2.field(6, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    GPU topology: devices ("" / empty = not reported)
+    """
+
+    gpu_links: "list[GpuLink]" = betterproto2.field(7, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    GPU topology: GPU-to-GPU links
+    """
+
+    memory_domains: "list[MemoryDomain]" = betterproto2.field(
+        8, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    memory topology: domains
+    """
+
+    memory_interconnects: "list[MemoryInterconnect]" = betterproto2.field(
+        9, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    memory topology: links between domains
+    """
+
+    unified_memory: "bool" = betterproto2.field(10, betterproto2.TYPE_BOOL)
+    """
+    has a Unified CPU-GPU memory domain (GH200, MI300A)
+    """
+
+    cxl_memory_gb: "int" = betterproto2.field(11, betterproto2.TYPE_INT32)
+    """
+    CXL-attached memory capacity
     """
 
 
@@ -4674,6 +4894,27 @@ class NodeServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def release_node_claim(
+        self,
+        message: "NodeActionRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "Node":
+        """
+        End a sensitive claim on an idle node (the claiming user or an administrator).
+        """
+
+        return await self._unary_unary(
+            "/lattice.v1.NodeService/ReleaseNodeClaim",
+            message,
+            Node,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
     async def register_node(
         self,
         message: "RegisterNodeRequest",
@@ -5859,6 +6100,13 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def release_node_claim(self, message: "NodeActionRequest") -> "Node":
+        """
+        End a sensitive claim on an idle node (the claiming user or an administrator).
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def register_node(self, message: "RegisterNodeRequest") -> "RegisterNodeResponse":
         """
         An agent announces itself and its hardware (at start and when told to re-register).
@@ -5936,6 +6184,14 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.enable_node(request)
         await stream.send_message(response)
 
+    async def __rpc_release_node_claim(
+        self, stream: "grpclib.server.Stream[NodeActionRequest, Node]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.release_node_claim(request)
+        await stream.send_message(response)
+
     async def __rpc_register_node(
         self, stream: "grpclib.server.Stream[RegisterNodeRequest, RegisterNodeResponse]"
     ) -> None:
@@ -6005,6 +6261,12 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
             ),
             "/lattice.v1.NodeService/EnableNode": grpclib.const.Handler(
                 self.__rpc_enable_node,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                NodeActionRequest,
+                Node,
+            ),
+            "/lattice.v1.NodeService/ReleaseNodeClaim": grpclib.const.Handler(
+                self.__rpc_release_node_claim,
                 grpclib.const.Cardinality.UNARY_UNARY,
                 NodeActionRequest,
                 Node,

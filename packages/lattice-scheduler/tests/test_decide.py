@@ -1,0 +1,129 @@
+"""decide_vcluster: the per-vCluster decision the live loop and RM-Replay share, by
+scheduler type (sensitive-reservation, service-binpack, hpc-backfill), borrowing and
+preemption reasons."""
+
+from __future__ import annotations
+
+from lattice_common.types import AllocationState, Node, SchedulerType
+from lattice_common.watch import StateMirror
+from lattice_scheduler.decide import decide_vcluster
+from lattice_test_harness import builders as b
+
+NOW = 1_000_000.0
+
+
+def mirror(nodes: list[Node], allocs, vclusters=()) -> StateMirror:
+    m = StateMirror()
+    m.nodes = {n.id: n for n in nodes}
+    m.allocations = {a.id: a for a in allocs}
+    m.pending = {a.id: None for a in allocs if a.state == AllocationState.PENDING}
+    m.holding = {a.id: None for a in allocs if a.state == AllocationState.RUNNING}
+    m.vclusters = {v.name: v for v in vclusters}
+    return m
+
+
+SENS = b.vcluster("sens", scheduler_type=SchedulerType.SENSITIVE_RESERVATION)
+
+
+def test_ordinary_work_never_lands_on_claimed_nodes() -> None:
+    a = b.allocation(id="a", vcluster="v", submitted_at=NOW - 10)
+    m = mirror([b.node("n1", claimed_by="alice"), b.node("n2", claimed_by="bob")], [a])
+    d = decide_vcluster(m, "v", NOW)
+    assert d.proposals == [] and [w.allocation_id for w in d.waiting] == ["a"]
+
+
+def test_sensitive_work_goes_to_its_users_claimed_node_first_then_unclaimed() -> None:
+    mine = b.allocation(id="s1", vcluster="sens", user="alice", submitted_at=NOW - 20)
+    more = b.allocation(id="s2", vcluster="sens", user="alice", submitted_at=NOW - 10)
+    nodes = [
+        b.node("n1"),
+        b.node("n2", claimed_by="alice"),
+        b.node("n3", claimed_by="bob"),
+    ]
+    d = decide_vcluster(mirror(nodes, [mine, more], [SENS]), "sens", NOW)
+    placed = {p.allocation_id: p.node_ids for p in d.proposals}
+    assert sorted(n for ids in placed.values() for n in ids) == ["n1", "n2"]
+    assert "n3" not in {n for ids in placed.values() for n in ids}
+    assert d.backfill_depth == 0 and d.borrowed == [] and d.reservations == []
+
+
+def test_sensitive_work_skips_drifted_nodes() -> None:
+    s = b.allocation(id="s", vcluster="sens", user="alice", submitted_at=NOW - 5)
+    drifted = b.node("n1", conformance_drift=True, expected_conformance="a", conformance_group="b")
+    d = decide_vcluster(mirror([drifted, b.node("n2")], [s], [SENS]), "sens", NOW)
+    assert [p.node_ids for p in d.proposals] == [("n2",)]
+
+
+def test_sensitive_pools_never_lend_and_high_class_work_never_borrows() -> None:
+    lender = b.node("n1", home_vcluster="sens")
+    other = b.node("n2", home_vcluster="hpc", owner="x")
+    busy = b.allocation(id="x", vcluster="hpc", state=AllocationState.RUNNING)
+    busy.assigned_nodes = ["n2"]
+    low = b.allocation(id="low", vcluster="hpc", preemption_class=2, submitted_at=NOW - 9)
+    d = decide_vcluster(mirror([lender, other], [busy, low], [SENS]), "hpc", NOW)
+    assert d.borrowed == []
+
+    pool = b.node("n3", home_vcluster="ml")
+    high = b.allocation(id="high", vcluster="hpc", preemption_class=8, submitted_at=NOW - 9)
+    d = decide_vcluster(mirror([pool, other], [busy, high]), "hpc", NOW)
+    assert d.borrowed == []  # class 8 without checkpoint: not preemptible, not borrowed
+    d = decide_vcluster(mirror([pool, other], [busy, low]), "hpc", NOW)
+    assert [p.node_ids for p in d.borrowed] == [("n3",)]
+
+
+def test_service_binpack_does_not_reserve_and_labels_preemption_reasons() -> None:
+    svc = b.vcluster("svc", scheduler_type=SchedulerType.SERVICE_BINPACK)
+    running = b.allocation(
+        id="r", vcluster="svc", preemption_class=1, state=AllocationState.RUNNING
+    )
+    running.assigned_nodes = ["n1"]
+    running.started_at = NOW - 60
+    big = b.allocation(id="big", vcluster="svc", preemption_class=6, submitted_at=NOW - 5)
+    m = mirror([b.node("n1", owner="r")], [running, big], [svc])
+    d = decide_vcluster(m, "svc", NOW)
+    assert d.backfill_depth == 0 and d.reservations == []
+    assert [(p.victim, p.preemptor, p.reason) for p in d.preemptions] == [("r", "big", "priority")]
+    sensitive = b.allocation(
+        id="s", vcluster="sens", user="alice", preemption_class=10, submitted_at=NOW - 5
+    )
+    running2 = b.allocation(
+        id="r2", vcluster="v", preemption_class=6, state=AllocationState.RUNNING
+    )
+    running2.assigned_nodes = ["n1"]
+    running2.started_at = NOW - 60
+    m = mirror([b.node("n1", owner="r2")], [running2, sensitive], [SENS])
+    d = decide_vcluster(m, "sens", NOW)
+    assert [(p.victim, p.reason) for p in d.preemptions] == [("r2", "sensitive")]
+
+
+def _gpu_node(node_id: str, *, fast_pair: tuple[int, int] | None) -> Node:
+    """4 GPUs on PCIe (32 GB/s), optionally one NVLink pair (450 GB/s)."""
+    from lattice_common.types import GpuDevice, GpuLink, GpuLinkType
+
+    links = []
+    for i in range(4):
+        for j in range(i + 1, 4):
+            fast = fast_pair == (i, j)
+            links.append(
+                GpuLink(
+                    gpu_a=i,
+                    gpu_b=j,
+                    link_type=GpuLinkType.NVLINK if fast else GpuLinkType.PCIE,
+                    bandwidth_gbps=450.0 if fast else 32.0,
+                )
+            )
+    n = b.node(node_id, gpu_type="H100", gpu_count=4)
+    n.capabilities.gpus = [GpuDevice(index=i, model="H100") for i in range(4)]
+    n.capabilities.gpu_links = links
+    return n
+
+
+def test_node_selection_prefers_the_node_whose_gpus_are_linked_best() -> None:
+    two_gpus = b.allocation(id="g", vcluster="v", constraints={"gpu_type": "H100", "gpu_count": 2})
+    nodes = [_gpu_node("n1", fast_pair=None), _gpu_node("n2", fast_pair=(0, 1))]
+    d = decide_vcluster(mirror(nodes, [two_gpus]), "v", NOW)
+    assert [p.node_ids for p in d.proposals] == [("n2",)]
+    # without topology reports the solver's choice (lowest id) stands
+    plain = [b.node("n1", gpu_type="H100", gpu_count=4), b.node("n2", gpu_type="H100", gpu_count=4)]
+    d = decide_vcluster(mirror(plain, [two_gpus]), "v", NOW)
+    assert [p.node_ids for p in d.proposals] == [("n1",)]
