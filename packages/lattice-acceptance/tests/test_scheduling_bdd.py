@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lattice_common.types import CostWeights
 from lattice_test_harness.cluster import TERMINAL, ApiError, ClusterHandle
 from pytest_bdd import given, parsers, scenario, scenarios, then, when
 
@@ -41,17 +42,7 @@ TIMEOUT = 30.0
 # Longest acceptable time from submission to start for a job that fits at once.
 AT_ONCE_SECONDS = 10.0
 
-WEIGHTS = (
-    "priority",
-    "wait_time",
-    "fair_share",
-    "topology",
-    "data_readiness",
-    "backlog",
-    "energy",
-    "checkpoint_efficiency",
-    "conformance",
-)
+WEIGHTS = tuple(CostWeights.__struct_fields__)
 # `lattice admin vcluster set-weights` flag of each weight.
 WEIGHT_FLAGS = {w: "--" + w.replace("_", "-") for w in WEIGHTS} | {
     "checkpoint_efficiency": "--checkpoint"

@@ -439,11 +439,7 @@ def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandRes
             f"allocation {a.id} is {a.state.value}, not Pending",
             details={"allocation": a.id, "state": a.state.value},
         )
-    if cmd.expected_revision and a.revision > cmd.expected_revision:
-        raise StaleRevision(
-            f"allocation {a.id} changed since revision {cmd.expected_revision}",
-            details={"expected_revision": cmd.expected_revision, "current": a.revision},
-        )
+    _check_fresh("allocation", a.id, a.revision, cmd.expected_revision)
     if not cmd.node_ids or len(set(cmd.node_ids)) != len(cmd.node_ids):
         raise ValidationError("assign needs a non-empty list of distinct nodes")
     least = a.spec.min_nodes or a.spec.nodes
@@ -453,11 +449,7 @@ def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandRes
         )
     nodes = [_node(state, nid) for nid in cmd.node_ids]
     for n in nodes:
-        if cmd.expected_revision and n.revision > cmd.expected_revision:
-            raise StaleRevision(
-                f"node {n.id} changed since revision {cmd.expected_revision}",
-                details={"expected_revision": cmd.expected_revision, "current": n.revision},
-            )
+        _check_fresh("node", n.id, n.revision, cmd.expected_revision)
         _check_takeable(state, n, a)
     _check_sensitive_pool(state, a, nodes)
     t = state.tenants.get(a.spec.tenant)
@@ -491,6 +483,15 @@ def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandRes
     a.reason = ""
     _touch_alloc(state, a, ch)
     return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def _check_fresh(kind: str, ident: str, revision: int, expected: int) -> None:
+    """Reject a decision taken on a state older than the object's last change."""
+    if expected and revision > expected:
+        raise StaleRevision(
+            f"{kind} {ident} changed since revision {expected}",
+            details={"expected_revision": expected, "current": revision},
+        )
 
 
 def _is_sensitive(state: GlobalState, a: Allocation) -> bool:
@@ -596,11 +597,7 @@ def _scale(state: GlobalState, cmd: c.ScaleAllocation, ch: Changes) -> c.Command
             f"allocation {a.id} has a fixed node count",
             hint="Only allocations submitted with a node range (--nodes MIN-MAX) scale.",
         )
-    if cmd.expected_revision and a.revision > cmd.expected_revision:
-        raise StaleRevision(
-            f"allocation {a.id} changed since revision {cmd.expected_revision}",
-            details={"expected_revision": cmd.expected_revision, "current": a.revision},
-        )
+    _check_fresh("allocation", a.id, a.revision, cmd.expected_revision)
     add, remove = list(cmd.add_node_ids), list(cmd.remove_node_ids)
     if not add and not remove:
         raise ValidationError("scale needs nodes to add or remove")
@@ -619,11 +616,7 @@ def _scale(state: GlobalState, cmd: c.ScaleAllocation, ch: Changes) -> c.Command
         )
     nodes = [_node(state, nid) for nid in add]
     for n in nodes:
-        if cmd.expected_revision and n.revision > cmd.expected_revision:
-            raise StaleRevision(
-                f"node {n.id} changed since revision {cmd.expected_revision}",
-                details={"expected_revision": cmd.expected_revision, "current": n.revision},
-            )
+        _check_fresh("node", n.id, n.revision, cmd.expected_revision)
         _check_takeable(state, n, a)
     _check_sensitive_pool(state, a, nodes)
     t = state.tenants.get(a.spec.tenant)

@@ -608,7 +608,7 @@ def score(
     x = spec.preemption_class / 10.0  # f1
     f1 = 1.0 if x >= 1.0 else x if x > 0.0 else 0.0
     wait = memo.now - a.submitted_at  # f2
-    f2 = math.log1p(wait / memo.reference_wait) if wait > 0.0 else 0.0
+    f2 = _log1p(wait / memo.reference_wait) if wait > 0.0 else 0.0
     w = weights
     c5 = memo.c5
     if c5 is None:
@@ -684,6 +684,7 @@ class _ScoreMemo:
 
 
 _score_memo: _ScoreMemo | None = None  # the last pair scored with (one cycle's)
+_log1p = math.log1p
 
 
 def _memo_for(ctx: ScoringContext, weights: CostWeights) -> _ScoreMemo:

@@ -418,13 +418,10 @@ def _usable(topo: TopologyModel, vcluster: str) -> _Usable:
     got = topo.derived.get(key)
     if isinstance(got, _Usable):
         return got
-    sig = topo.node_signature
-    layout = topo.layout or tuple(
-        (nid, n, sig[nid], n.group, n.conformance_group or None) for nid, n in topo.nodes.items()
-    )
+    node_sig = topo.node_signature
     out = _Usable([], [], {}, {}, {}, {})
     ready = NodeState.READY
-    for nid, n, s, g, c in layout:  # sorted by id
+    for nid, n in topo.nodes.items():  # sorted by id
         home = n.home_vcluster
         if (
             (home and home != vcluster)
@@ -433,6 +430,9 @@ def _usable(topo: TopologyModel, vcluster: str) -> _Usable:
             or n.state in UNUSABLE_STATES
         ):
             continue
+        g = n.group
+        c: Conf = n.conformance_group or None
+        s = node_sig[nid]
         cell = (g, c)
         nodes_of_sig = out.sig_nodes.get(s)
         if nodes_of_sig is None:
@@ -534,6 +534,7 @@ class _Cycle:
         *,
         now: float,
         vcluster: str,
+        count_usage: bool = True,
     ) -> None:
         self.topo = topo
         self.now = now
@@ -564,13 +565,15 @@ class _Cycle:
             if a.state not in holding:
                 continue
             spec = a.spec
-            t = spec.tenant
-            used_nodes[t] = used_nodes.get(t, 0) + len(a.assigned_nodes)
-            used_allocs[t] = used_allocs.get(t, 0) + 1
+            if count_usage:  # only quotas read it
+                t = spec.tenant
+                used_nodes[t] = used_nodes.get(t, 0) + len(a.assigned_nodes)
+                used_allocs[t] = used_allocs.get(t, 0) + 1
             w = spec.walltime_seconds
             if w > 0:
                 start = a.started_at if a.started_at is not None else now
-                ends[a.id] = max(now, start + w)
+                end = start + w
+                ends[a.id] = end if end > now else now  # max(now, end)
 
         usable = _usable(topo, vcluster)
         # shared with the model's later cycles: read only
@@ -734,8 +737,7 @@ class _Cycle:
         avail = self.avail
         by_sig = self.when_by_sig
         for nid in nodes:
-            old = avail[nid]
-            if old < until:
+            if avail[nid] < until:
                 avail[nid] = until
                 if by_sig:
                     s, cell = self.where[nid]
@@ -867,16 +869,25 @@ class _Cycle:
                     for other in by_sig.get(s, ()):
                         if other is not when:
                             other.dirty.add(cell)
+        # free nodes held by a later tier move to this one, a cell at a time (one count
+        # update per view and cell, not per node)
+        loc_of = self.loc
+        moving: dict[tuple[float, int, Conf, int], list[str]] = {}
         for nid in nodes:
-            loc = self.loc.get(nid)
-            if loc is None or loc[0] <= start:
-                continue
-            tier, g, c, s = loc
-            self.free[tier][(g, c)][s].remove(nid)
-            del self.loc[nid]
+            loc = loc_of.get(nid)
+            if loc is not None and loc[0] > start:
+                moving.setdefault(loc, []).append(nid)
+        for (tier, g, c, s), nids in moving.items():
+            src = self.free[tier][(g, c)][s]
+            dst = self.free.setdefault(start, {}).setdefault((g, c), {}).setdefault(s, [])
+            new = (start, g, c, s)
+            for nid in nids:
+                src.remove(nid)
+                insort(dst, nid)
+                loc_of[nid] = new
             for w in self.sig_views.get(s, ()):
-                w.add(tier, g, c, -1)
-            self._insert(nid, (start, g, c, s))
+                w.add(tier, g, c, -len(nids))
+                w.add(start, g, c, len(nids))
 
 
 # --- the solver -----------------------------------------------------------------------
@@ -924,8 +935,13 @@ def solve(
     if not queue:
         return result
     topo = topology if topology is not None else TopologyModel.from_nodes(nodes)
-    cyc = _Cycle(topo, running, now=now, vcluster=vcluster)
     tenants = tenants or {}
+    quotas = any(
+        t.max_nodes is not None or t.max_concurrent_allocations is not None
+        for t in tenants.values()
+    )
+    cyc = _Cycle(topo, running, now=now, vcluster=vcluster, count_usage=quotas)
+    raw_views = cyc.raw_views
     headroom = power_headroom_kw
     power = node_power_kw or {}
     depth_left = max(0, backfill_depth)
@@ -946,7 +962,9 @@ def solve(
         ):
             result.pending.append(Pending(a.id, REASON_QUOTA))
             continue
-        v, conformance = cyc.view(spec)
+        c = spec.constraints  # (cyc.view, without the call for a known key)
+        got = raw_views.get((c.gpu_type, c.gpu_count, c.memory_gb, *c.features))
+        v, conformance = got if got is not None else cyc.view(spec)
         if v.usable_total < k:
             result.pending.append(Pending(a.id, REASON_NO_MATCH))
             continue

@@ -127,9 +127,6 @@ class TopologyModel:
     signatures: tuple[Signature, ...]  # index = signature id
     node_signature: dict[str, int]  # node id -> signature id
     _group_set: frozenset[int] = field(default=frozenset(), repr=False)
-    # (id, node, signature id, group, conformance fingerprint or None) per node, sorted
-    # by id: what the solver reads of every node in every cycle, looked up once here
-    layout: tuple[tuple[str, Node, int, int, str | None], ...] = field(default=(), repr=False)
     # memo of data derived from the nodes as they were when first asked (the solver's
     # usable nodes per vCluster: homes, states, claims, enabled flags); a model is a
     # snapshot, so it is valid for the model's life
@@ -183,10 +180,6 @@ class TopologyModel:
             signatures=tuple(sigs),
             node_signature=node_sig,
             _group_set=frozenset(groups),
-            layout=tuple(
-                (nid, n, node_sig[nid], n.group, n.conformance_group or None)
-                for nid, n in by_id.items()
-            ),
         )
 
     # --- queries ------------------------------------------------------------------------

@@ -29,6 +29,12 @@ scheduler) decides on it, and the engine applies the decision the way the quorum
   on success the work done before the preemption is kept, otherwise it is lost. A
   victim whose run ends during its checkpoint simply ends.
 
+Speed: the mirror carries a scoring index (running GPU-hour sums, nodes held per
+tenant, free nodes per dragonfly group; ``cost.ScoringIndex``) so that scoring need
+not rescan the cluster in every decision, and one ``TopologyModel`` serves the whole
+replay (node states, homes and capabilities never change here; owners are read
+live), so the solver's per-model caches carry over from cycle to cycle.
+
 Determinism: no wall clock in any decision, events ordered by (time, kind, sequence),
 every collection built in a fixed order; same inputs and seed -> the same result.
 Wall time is measured (``time.perf_counter``) only for :class:`CycleStat.duration_s`
