@@ -58,7 +58,8 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
         "the hpc-batch profile; the Tuning Guide's fairness-boost 0.35 gains only 1-2 "
         "points): the flooding tenant's older jobs win, so tenants get about their share "
         "of the demand, not of the targets. Weights alone do not fix it: with wait_time 0 "
-        "and fair_share 0.6 the deviation is still 17%, because the other tenants' jobs "
+        "and fair_share 0.6 the deviation is still 17% (18% with the flooding tenant's "
+        "score cut 100x whenever it is above its target), because the other tenants' jobs "
         "wait hours for the flooding tenant's long running jobs to end (same class, so "
         "no preemption) and the window closes on them"
     ),
