@@ -631,7 +631,8 @@ def _scale(state: GlobalState, cmd: c.ScaleAllocation, ch: Changes) -> c.Command
         if n is not None and n.owner == a.id:
             _free(n)
             _touch_node(state, n, ch)
-    a.assigned_nodes = [nid for nid in a.assigned_nodes if nid not in set(remove)] + add
+    gone = set(remove)
+    a.assigned_nodes = [nid for nid in a.assigned_nodes if nid not in gone] + add
     _touch_alloc(state, a, ch)
     return c.CommandResult(revision=state.revision, allocation=a)
 

@@ -228,7 +228,7 @@ def decide_vcluster(
     waiting = [*waiting, *(Pending(w.allocation_id, w.reason) for w in limited)]
     proposals, waiting = shrink_ranges(m, vc, pending, proposals, waiting, now)
     if kind != SchedulerType.SENSITIVE_RESERVATION:  # claimed nodes are not interchangeable
-        proposals = prefer_intra_node(m, vc, proposals, reservations)
+        proposals = prefer_intra_node(m, vc, proposals, reservations, topology)
     borrowed: list[Proposal] = []
     v = m.vclusters.get(vc)
     other_pools = home_pools is None or any(h not in ("", vc) for h in home_pools)
@@ -264,26 +264,19 @@ def node_intra_fit(node: Node, a: Allocation) -> tuple[float, float]:
     return (f4_intra if f4_intra is not None else -1.0, weakest or 0.0)
 
 
-def _cell(n: Node) -> tuple[object, ...]:
-    caps = n.capabilities
-    return (
-        n.group,
-        n.conformance_group,
-        caps.gpu_type,
-        caps.gpu_count,
-        caps.memory_gb,
-        tuple(sorted(caps.features)),
-    )
-
-
 def prefer_intra_node(
-    m: StateMirror, vc: str, proposals: list[Proposal], reservations: list[Reservation]
+    m: StateMirror,
+    vc: str,
+    proposals: list[Proposal],
+    reservations: list[Reservation],
+    topology: TopologyModel,
 ) -> list[Proposal]:
     """Node selection's intra-node step: the solver fixes how many nodes come from each
     dragonfly group and conformance group; among interchangeable free nodes (same
     group, conformance group and capabilities) take those whose GPUs are linked best
     and whose memory is most local for the allocation. Group span, f9 and every
-    reservation stay as the solver decided (reserved nodes are never swapped in)."""
+    reservation stay as the solver decided (reserved nodes are never swapped in).
+    "Same capabilities" is the topology model's capability signature."""
     if not proposals:
         return proposals
     reported = [
@@ -297,10 +290,15 @@ def prefer_intra_node(
         return proposals
     busy = {nid for p in proposals for nid in p.node_ids}
     busy.update(nid for r in reservations for nid in r.node_ids)
-    spare: dict[tuple[object, ...], list[Node]] = {}
+    sig = topology.node_signature
+
+    def cell(n: Node) -> tuple[int, str, int]:
+        return (n.group, n.conformance_group, sig.get(n.id, -1))
+
+    spare: dict[tuple[int, str, int], list[Node]] = {}
     for nid, n in m.nodes.items():
         if nid not in busy and eligible(n, vc) and not n.disabled:
-            spare.setdefault(_cell(n), []).append(n)
+            spare.setdefault(cell(n), []).append(n)
     if not spare:
         return proposals
     out: list[Proposal] = []
@@ -309,13 +307,21 @@ def prefer_intra_node(
         if a is None:
             out.append(p)
             continue
+        fits: dict[str, tuple[float, float]] = {}  # per node, for this allocation
+
+        def fit_of(n: Node, a: Allocation = a, fits: dict = fits) -> tuple[float, float]:
+            got = fits.get(n.id)
+            if got is None:
+                got = fits[n.id] = node_intra_fit(n, a)
+            return got
+
         chosen: list[str] = []
         for nid in p.node_ids:
             cur = m.nodes[nid]
-            pool = spare.get(_cell(cur), [])
-            best, best_fit = cur, node_intra_fit(cur, a)
+            pool = spare.get(cell(cur), [])
+            best, best_fit = cur, fit_of(cur)
             for cand in pool:
-                fit = node_intra_fit(cand, a)
+                fit = fit_of(cand)
                 if fit > best_fit:
                     best, best_fit = cand, fit
             if best is not cur:
