@@ -19,6 +19,7 @@ from lattice_common.watch import StateDelta, StateMirror
 from lattice_scheduler import cost
 from lattice_scheduler.cost import (
     NEUTRAL,
+    OVER_SHARE_MULTIPLIER,
     IntraNodeFit,
     ScoringContext,
     beta_for,
@@ -589,8 +590,10 @@ def test_build_context_from_plain_mappings() -> None:
     # internal ledger: 1 h on 2 nodes x 4 GPUs = 8 of 9 GPU-hours
     assert c.budget_fraction_used == {"phys": pytest.approx(8 / 9)}
     assert score(allocations["p2"], c, CostWeights()) == pytest.approx(
-        budget_penalty(8 / 9) * raw_score(allocations["p2"], c, CostWeights())
-    )
+        budget_penalty(8 / 9)
+        * OVER_SHARE_MULTIPLIER
+        * raw_score(allocations["p2"], c, CostWeights())
+    )  # phys is over its budget's 80% and above its fair share
 
 
 def test_build_context_from_a_state_mirror_matches_plain_mappings() -> None:
@@ -868,7 +871,54 @@ def test_breakdown_sums_to_score_before_penalty(
     assert bd["raw_score"] == pytest.approx(raw, rel=1e-12, abs=1e-12)
     assert math.fsum(contributions) == pytest.approx(raw, rel=1e-12, abs=1e-12)
     assert bd["score"] == pytest.approx(score(a, c, weights, f4=f4, f9=f9), rel=1e-12, abs=1e-12)
-    assert bd["score"] == pytest.approx(bd["budget_penalty"] * raw, rel=1e-12, abs=1e-12)
+    penalty = bd["budget_penalty"] * bd["share_penalty"]
+    assert bd["score"] == pytest.approx(penalty * raw, rel=1e-12, abs=1e-12)
+    assert bd["share_penalty"] == (OVER_SHARE_MULTIPLIER if 0 < target <= usage else 1.0)
     for k, v in bd.items():
         if k[0] == "f" and k != "f2_wait_time":
             assert _in01(v), k
+
+
+@pytest.mark.parametrize(
+    ("target", "usage", "burst", "expected"),
+    [
+        (0.25, 0.10, 0.0, 1.0),  # below its share
+        (0.25, 0.25, 0.0, cost.OVER_SHARE_MULTIPLIER),  # at it: f3 = 0, deprioritized
+        (0.25, 0.90, 0.0, cost.OVER_SHARE_MULTIPLIER),  # no burst allowance: no second step
+        (0.25, 0.30, 1.5, cost.OVER_SHARE_MULTIPLIER),  # bursting within the allowance
+        (0.25, 0.375, 1.5, cost.OVER_BURST_MULTIPLIER),  # 150% of 25%: beyond
+        (0.25, 0.25, 0.5, cost.OVER_BURST_MULTIPLIER),  # an allowance < 1 leaves no headroom
+        (0.0, 0.90, 1.5, 1.0),  # no target: nothing to be above of
+        (math.nan, 0.5, 0.0, 1.0),
+        (0.25, math.nan, 0.0, 1.0),
+    ],
+)
+def test_share_penalty_steps(target: float, usage: float, burst: float, expected: float) -> None:
+    assert cost.share_penalty(target, usage, burst) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    target=st.floats(min_value=0.01, max_value=1.0),
+    u1=st.floats(min_value=0.0, max_value=1.0),
+    u2=st.floats(min_value=0.0, max_value=1.0),
+    burst=st.sampled_from([0.0, 0.5, 1.0, 1.5, 3.0]),
+    fraction=st.none() | st.floats(min_value=0.0, max_value=2.0),
+)
+def test_soft_quota_multiplier_non_increasing_in_usage_never_zero(
+    target: float, u1: float, u2: float, burst: float, fraction: float | None
+) -> None:
+    lo, hi = sorted((u1, u2))
+    a = cost.soft_quota_multiplier(fraction, target, lo, burst)
+    z = cost.soft_quota_multiplier(fraction, target, hi, burst)
+    assert 1.0 >= a >= z > 0.0
+    assert cost.share_penalty(target, lo, burst) == 1.0 or lo >= target
+
+
+def test_over_share_tenants_are_those_at_or_above_their_target() -> None:
+    ctx = ScoringContext(
+        now=0.0,
+        tenant_usage_share={"phys": 0.5, "bio": 0.1, "chem": 0.3, "guest": 0.2},
+        tenant_target_share={"phys": 0.25, "bio": 0.25, "chem": 0.3},
+    )
+    assert cost.over_share_tenants(ctx) == {"phys", "chem"}  # guest has no target

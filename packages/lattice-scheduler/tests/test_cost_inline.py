@@ -1,5 +1,5 @@
 """``cost.score`` writes f1..f9 out for speed; it must stay equal, bit for bit, to the
-composition of the factor functions (``raw_score`` + ``budget_penalty``), edge cases
+composition of the factor functions (``raw_score`` + the soft-quota penalties), edge cases
 included, or a replay would order the queue differently from the formulas."""
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ INF = math.inf
 
 def _reference(a: Allocation, ctx: cost.ScoringContext, w: CostWeights, **kw: float) -> float:
     raw = cost.raw_score(a, ctx, w, **kw)
-    fraction = ctx.budget_fraction_used.get(a.spec.tenant)
-    if fraction is None:
-        return raw
-    return cost._penalise(raw, cost.budget_penalty(fraction))
+    t = a.spec.tenant
+    multiplier = cost.budget_penalty(ctx.budget_fraction_used.get(t)) * cost.share_penalty(
+        ctx.tenant_target_share.get(t, 0.0),
+        ctx.tenant_usage_share.get(t, 0.0),
+        ctx.tenant_burst_allowance.get(t, 0.0),
+    )
+    return raw if multiplier == 1.0 else cost._penalise(raw, multiplier)
 
 
 def _same(x: float, y: float) -> bool:
@@ -54,6 +57,7 @@ def _context(rng: random.Random) -> cost.ScoringContext:
         reference_wait_seconds=rng.choice([3600.0, 0.0, -1.0, 60.0, NAN]),
         tenant_usage_share={t: share() for t in ("t0", "t1", "t2") if rng.random() < 0.8},
         tenant_target_share={t: share() for t in ("t0", "t1", "t2", "t3") if rng.random() < 0.8},
+        tenant_burst_allowance={t: rng.choice([0.5, 1.0, 1.5, 3.0]) for t in ("t0", "t2")},
         queued_gpu_hours=rng.choice([0.0, 10.0, 1e4, NAN, -1.0]),
         running_gpu_hours=rng.choice([0.0, 5.0, 1e5, NAN]),
         energy_prices=prices,

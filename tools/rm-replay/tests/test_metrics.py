@@ -206,6 +206,25 @@ def test_fairness_does_not_blame_capacity_a_tenant_did_not_ask_for():
     assert f["max_target_deviation"] == 0.25
 
 
+def test_fairness_counts_only_the_demand_that_fits_in_the_window():
+    # b submits a 6-hour job one hour before the window closes: only that hour could have
+    # been owed to it, so a (which kept both nodes busy until then) is not over its share
+    jobs = [
+        job("a1", submit=0, start=0, end=4 * 3600, nodes=2, tenant="a", runtime=4 * 3600.0),
+        job("a2", submit=4 * 3600, start=4 * 3600, end=5 * 3600, tenant="a"),
+        job("b1", submit=4 * 3600, start=4 * 3600, end=10 * 3600, tenant="b", runtime=6 * 3600.0),
+    ]
+    f = M.fairness(result(jobs, nodes=2, targets={"a": 0.5, "b": 0.5}))
+    assert f["window_end_s"] == 4 * 3600  # the last submission
+    assert f["tenants"]["b"]["demand_node_hours"] == 0.0  # submitted at the window's end
+    assert f["tenants"]["a"]["share"] == 1.0 and f["max_share_deviation"] == 0.0
+    jobs[2] = job("b1", submit=3 * 3600, start=4 * 3600, end=10 * 3600, tenant="b")
+    jobs[2] = msgspec.structs.replace(jobs[2], runtime=6 * 3600.0)
+    f = M.fairness(result(jobs, nodes=2, targets={"a": 0.5, "b": 0.5}))
+    assert f["tenants"]["b"]["demand_node_hours"] == 1.0  # 3 h -> 4 h, not 6 hours
+    assert f["tenants"]["b"]["fair_share"] == pytest.approx(1 / 8)  # of 8 node-hours used
+
+
 def test_entitlements_water_filling():
     assert M.entitlements({"a": 1, "b": 1}, {"a": 10, "b": 10}, 10) == {"a": 5, "b": 5}
     got = M.entitlements({"a": 1, "b": 1, "c": 2}, {"a": 1, "b": 10, "c": 10}, 10)

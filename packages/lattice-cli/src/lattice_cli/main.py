@@ -933,7 +933,15 @@ FairShareOpt = Annotated[
 ]
 BurstOpt = Annotated[
     float | None,
-    typer.Option("--burst-allowance", help="Soft allowance above the fair share.", min=0),
+    typer.Option(
+        "--burst-allowance",
+        help=(
+            "How far above its fair share target the tenant may burst, as a multiple of "
+            "the target (1.5 = up to 150%); beyond it its work only starts when no one "
+            "else's can. 0 = not set."
+        ),
+        min=0,
+    ),
 ]
 GpuHoursOpt = Annotated[
     float | None, typer.Option("--gpu-hours-budget", help="GPU-hours budget.", min=0)

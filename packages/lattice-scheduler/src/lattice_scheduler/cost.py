@@ -12,8 +12,9 @@ Nothing here reads the clock or does I/O: ``now`` and every measurement travel i
 per-allocation functions (``score``, ``f1``..``f9``) do a handful of arithmetic
 operations and dict lookups each, so a cycle can score thousands of allocations.
 
-Soft quotas (Quota Enforcement chapter) are applied on top of the sum as a
-multiplier, :func:`budget_penalty`: never a hard reject, only a lower score.
+Soft quotas (Quota Enforcement chapter) are applied on top of the sum as multipliers,
+:func:`budget_penalty` and :func:`share_penalty` (combined by :func:`soft_quota_multiplier`):
+never a hard reject, only a lower score.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ __all__ = [
     "DEFAULT_REFERENCE_WAIT_SECONDS",
     "FACTOR_NAMES",
     "NEUTRAL",
+    "OVER_BURST_MULTIPLIER",
+    "OVER_SHARE_MULTIPLIER",
     "WEIGHT_PROFILES",
     "IntraNodeFit",
     "ScoringContext",
@@ -71,10 +74,13 @@ __all__ = [
     "gpu_link_fitness",
     "intra_node_fitness",
     "memory_locality_fitness",
+    "over_share_tenants",
     "profile_for_scheduler_type",
     "raw_score",
     "same_domain_fraction",
     "score",
+    "share_penalty",
+    "soft_quota_multiplier",
     "wait_time_factor",
 ]
 
@@ -108,7 +114,25 @@ BUDGET_PENALTY_START = 0.8
 """Quota Enforcement: "0-80% used: no penalty"."""
 BUDGET_AT_LIMIT_MULTIPLIER = 0.5
 """Multiplier reached just below 100% used, at the end of the linear 80-100% ramp."""
+OVER_SHARE_MULTIPLIER = 0.5
+"""Quota Enforcement, Fair Share Target: "Tenants below their share get priority; tenants
+above are deprioritized. Not a hard ceiling -- a tenant can use more than their share
+when resources are idle." f3 alone cannot do that: it only withholds a bonus of at most
+w3, while f2 grows without bound, so under sustained overload the heaviest submitter's
+older work keeps winning and tenants end up with their share of the *demand* (RM-Replay's
+unfair trace: 51% of the node-hours against a 25% target). Halving the score of a tenant
+at or above its share puts its work behind the others' unless it has waited much
+longer (hpc-batch profile, against fresh work of the same class: about 3 h when the
+other tenant is just below its share, 30 h when it has used nothing), so it mostly
+runs on what the others cannot use -- idle capacity, backfill holes -- yet is
+deprioritized, not starved. The same factor as a budget at its limit;
+an exhausted budget (0.01) is harsher. RM-Replay's unfair trace: 3% deviation."""
 BUDGET_EXHAUSTED_MULTIPLIER = 0.01
+OVER_BURST_MULTIPLIER = BUDGET_EXHAUSTED_MULTIPLIER
+"""Burst Allowance: "allow up to 150% of fair share when resources idle". Beyond its
+burst allowance a tenant scores like one with an exhausted budget: effective starvation
+while anyone else waits, never a hard block (soft quotas "influence scheduling score
+but don't hard-block")."""
 """Multiplier at and above 100% used: "very low score (effective starvation for new
 allocations, but not hard rejection)". Never zero."""
 
@@ -154,6 +178,9 @@ class ScoringContext(msgspec.Struct, kw_only=True):
     * ``tenant_usage_share`` / ``tenant_target_share``: actual and contracted share of
       the system per tenant, 0..1 (f3). A tenant missing from the usage map has used
       nothing; one missing from the target map has no share (f3 = 0).
+    * ``tenant_burst_allowance``: per tenant, how far above its target share it may
+      burst before its score drops to the exhausted level (:func:`share_penalty`), as a
+      multiple of the target (1.5 = 150%); absent or 0: not set.
     * ``queued_gpu_hours`` / ``running_gpu_hours``: f6's backlog inputs.
     * ``energy_prices``: time-of-use schedule ``(start_hour, end_hour, price)`` with hours
       in [0, 24) of the UTC day; a window with start > end wraps midnight, start == end
@@ -173,6 +200,7 @@ class ScoringContext(msgspec.Struct, kw_only=True):
     reference_wait_seconds: float = DEFAULT_REFERENCE_WAIT_SECONDS
     tenant_usage_share: dict[str, float] = msgspec.field(default_factory=dict)
     tenant_target_share: dict[str, float] = msgspec.field(default_factory=dict)
+    tenant_burst_allowance: dict[str, float] = msgspec.field(default_factory=dict)
     queued_gpu_hours: float = 0.0
     running_gpu_hours: float = 0.0
     energy_prices: list[tuple[float, float, float]] = msgspec.field(default_factory=list)
@@ -546,6 +574,48 @@ def budget_penalty(fraction: float | None) -> float:
     return 1.0 - (1.0 - BUDGET_AT_LIMIT_MULTIPLIER) * ramp
 
 
+def share_penalty(target_share: float, actual_usage: float, burst_allowance: float = 0.0) -> float:
+    """Soft-quota multiplier for the fair share target and burst allowance::
+
+        actual_usage < target_share                       -> 1.0
+        target_share <= actual_usage                      -> OVER_SHARE_MULTIPLIER (0.5)
+        actual_usage >= burst_allowance x target_share
+          (burst allowance set, > 0)                      -> OVER_BURST_MULTIPLIER (0.01)
+
+    At its target f3 is already 0; above it the tenant is "deprioritized", beyond its
+    burst allowance effectively starved until its usage falls back. No target (<= 0,
+    NaN, infinite) -> 1.0: no contract, nothing to be above of. A burst allowance
+    below 1 leaves no headroom: the exhausted level starts at the target."""
+    if not 0.0 < target_share < _INF or not actual_usage >= target_share:
+        return 1.0
+    if burst_allowance > 0.0 and actual_usage >= burst_allowance * target_share:
+        return OVER_BURST_MULTIPLIER
+    return OVER_SHARE_MULTIPLIER
+
+
+def soft_quota_multiplier(
+    budget_fraction: float | None,
+    target_share: float,
+    actual_usage: float,
+    burst_allowance: float = 0.0,
+) -> float:
+    """Both soft quotas on one tenant: ``budget_penalty * share_penalty``."""
+    return budget_penalty(budget_fraction) * share_penalty(
+        target_share, actual_usage, burst_allowance
+    )
+
+
+def over_share_tenants(ctx: ScoringContext) -> frozenset[str]:
+    """Tenants holding at least their target share: their running allocations are the
+    "burst allocations", "the first candidates for preemption" (Burst Allowance)."""
+    targets = ctx.tenant_target_share
+    return frozenset(
+        t
+        for t, usage in ctx.tenant_usage_share.items()
+        if share_penalty(targets.get(t, 0.0), usage) < 1.0
+    )
+
+
 def _penalise(raw: float, multiplier: float) -> float:
     # Scores are >= 0 with non-negative weights; for a negative raw score (negative
     # weights) dividing keeps "a penalty never raises the score".
@@ -563,7 +633,7 @@ def raw_score(
     f4: float | None = None,
     f9: float | None = None,
 ) -> float:
-    """Score(j) = Σ wᵢ · fᵢ(j) before the budget penalty. ``f4`` / ``f9`` are the
+    """Score(j) = Σ wᵢ · fᵢ(j) before the soft-quota penalties. ``f4`` / ``f9`` are the
     solver's topology and conformance fitness for a chosen node set; ``None`` (not yet
     known, e.g. when ordering the queue) uses :data:`NEUTRAL`."""
     w = weights
@@ -588,8 +658,9 @@ def score(
     f4: float | None = None,
     f9: float | None = None,
 ) -> float:
-    """The allocation's scheduling score: ``Σ wᵢ · fᵢ(j)`` times
-    ``budget_penalty(budget_fraction_used[tenant])``. Higher is scheduled first."""
+    """The allocation's scheduling score: ``Σ wᵢ · fᵢ(j)`` times the tenant's
+    :func:`soft_quota_multiplier` (budget used, usage against its fair share target).
+    Higher is scheduled first."""
     # raw_score with f1..f9 written out, and what depends only on the context, the
     # weights or the tenant worked out once per (context, weights) pair (_ScoreMemo):
     # ``score`` runs for every pending allocation in every cycle, millions of times in
@@ -604,7 +675,7 @@ def score(
     per_tenant = memo.tenants.get(tenant)
     if per_tenant is None:
         per_tenant = memo.add_tenant(tenant)
-    c3, fraction = per_tenant
+    c3, multiplier = per_tenant
     x = spec.preemption_class / 10.0  # f1
     f1 = 1.0 if x >= 1.0 else x if x > 0.0 else 0.0
     wait = memo.now - a.submitted_at  # f2
@@ -627,16 +698,16 @@ def score(
         + c8
         + (memo.c9 if f9 is None else w.conformance * f9)
     )
-    if fraction is None:
+    if multiplier == 1.0:
         return raw
-    return _penalise(raw, budget_penalty(fraction))
+    return _penalise(raw, multiplier)
 
 
 class _ScoreMemo:
     """What :func:`score` computes once per (context, weights) pair: the products
     ``wᵢ · fᵢ`` of the factors that do not depend on the allocation (``c5`` / ``c8``
     None when they do: per-allocation data readiness or checkpoint estimates), and per
-    tenant ``w3 · f3`` and the budget fraction. A context is built for one cycle and
+    tenant ``w3 · f3`` and the soft-quota multiplier. A context is built for one cycle and
     not changed afterwards; the memo relies on that (it is keyed by identity)."""
 
     __slots__ = (
@@ -669,16 +740,20 @@ class _ScoreMemo:
             else w.checkpoint_efficiency * checkpoint_factor(ctx.default_checkpoint_minutes)
         )
         self.c9 = w.conformance * NEUTRAL
-        self.tenants: dict[str, tuple[float, float | None]] = {}
+        self.tenants: dict[str, tuple[float, float]] = {}
 
-    def add_tenant(self, tenant: str) -> tuple[float, float | None]:
+    def add_tenant(self, tenant: str) -> tuple[float, float]:
         ctx = self.ctx
-        f3 = fair_share_deficit(
-            ctx.tenant_target_share.get(tenant, 0.0), ctx.tenant_usage_share.get(tenant, 0.0)
-        )
+        target = ctx.tenant_target_share.get(tenant, 0.0)
+        usage = ctx.tenant_usage_share.get(tenant, 0.0)
         got = self.tenants[tenant] = (
-            self.weights.fair_share * f3,
-            ctx.budget_fraction_used.get(tenant),
+            self.weights.fair_share * fair_share_deficit(target, usage),
+            soft_quota_multiplier(
+                ctx.budget_fraction_used.get(tenant),
+                target,
+                usage,
+                ctx.tenant_burst_allowance.get(tenant, 0.0),
+            ),
         )
         return got
 
@@ -705,8 +780,9 @@ def breakdown(
 
     Keys: ``f1_priority`` .. ``f9_conformance`` (factor values), ``w1_priority`` ..
     (weights), ``c1_priority`` .. (contributions w·f), ``raw_score`` (their sum, the
-    score before the penalty), ``budget_fraction`` (-1.0 when the tenant has no budget),
-    ``budget_penalty`` and ``score``."""
+    score before the penalties), ``budget_fraction`` (-1.0 when the tenant has no
+    budget), ``budget_penalty``, ``share_penalty`` (usage against the fair share
+    target) and ``score``."""
     values = (
         f1_priority_class(a),
         f2_wait_time(a, ctx),
@@ -728,12 +804,19 @@ def breakdown(
         out[f"w{i}_{short}"] = weight
         out[f"c{i}_{short}"] = weight * value
         raw += weight * value
-    fraction = ctx.budget_fraction_used.get(a.spec.tenant)
-    penalty = budget_penalty(fraction)
+    tenant = a.spec.tenant
+    fraction = ctx.budget_fraction_used.get(tenant)
+    over = share_penalty(
+        ctx.tenant_target_share.get(tenant, 0.0),
+        ctx.tenant_usage_share.get(tenant, 0.0),
+        ctx.tenant_burst_allowance.get(tenant, 0.0),
+    )
+    multiplier = budget_penalty(fraction) * over
     out["raw_score"] = raw
     out["budget_fraction"] = -1.0 if fraction is None else float(fraction)
-    out["budget_penalty"] = penalty
-    out["score"] = raw if fraction is None else _penalise(raw, penalty)
+    out["budget_penalty"] = budget_penalty(fraction)
+    out["share_penalty"] = over
+    out["score"] = raw if multiplier == 1.0 else _penalise(raw, multiplier)
     return out
 
 
@@ -878,6 +961,7 @@ def build_context(
     capacity = len(nodes)
     usage = {t: (n / capacity if capacity else 0.0) for t, n in held_nodes.items()}
     targets = {name: t.fair_share_target for name, t in tenants.items()}
+    bursts = {name: t.burst_allowance for name, t in tenants.items() if t.burst_allowance > 0}
 
     if budget_fraction_used is not None:
         fractions = dict(budget_fraction_used)
@@ -912,6 +996,7 @@ def build_context(
         reference_wait_seconds=reference_wait_seconds,
         tenant_usage_share=usage,
         tenant_target_share=targets,
+        tenant_burst_allowance=bursts,
         queued_gpu_hours=queued,
         running_gpu_hours=running,
         energy_prices=[(float(s), float(e), float(p)) for s, e, p in energy_prices],

@@ -96,14 +96,18 @@ def backfill_depth(m: StateMirror, vc: str) -> int:
     return v.backfill_depth if v is not None else DEFAULT_BACKFILL_DEPTH
 
 
-def scorer(m: StateMirror, vc: str, now: float) -> Callable[[Allocation], float]:
+def scorer(
+    m: StateMirror, vc: str, now: float, ctx: cost.ScoringContext | None = None
+) -> Callable[[Allocation], float]:
     """This cycle's ordering for a vCluster: Score(j) = sum w_i f_i(j) with the
     vCluster's current weights (re-read every cycle, so set-weights needs no restart),
-    or arrival order for interactive-fifo."""
+    or arrival order for interactive-fifo. ``ctx``: the cycle's scoring context when
+    the caller has built it."""
     v = m.vclusters.get(vc)
     if v is not None and v.scheduler_type == SchedulerType.INTERACTIVE_FIFO:
         return lambda a: -a.submitted_at
-    ctx = cost.build_context(m, now, vcluster=vc)
+    if ctx is None:
+        ctx = cost.build_context(m, now, vcluster=vc)
     weights = v.weights if v is not None else CostWeights()
     return lambda a: cost.score(a, ctx, weights)
 
@@ -206,7 +210,8 @@ def decide_vcluster(
         topology = TopologyModel.from_nodes(m.nodes)
     depth = backfill_depth(m, vc)
     t0 = time.perf_counter()
-    score = scorer(m, vc, now)
+    ctx = cost.build_context(m, now, vcluster=vc)
+    score = scorer(m, vc, now, ctx)
     cost_seconds = time.perf_counter() - t0
     if kind == SchedulerType.SENSITIVE_RESERVATION:
         proposals, waiting, scores = _sensitive(m, vc, pending, holding, score, now)
@@ -238,7 +243,9 @@ def decide_vcluster(
     return CycleDecision(
         proposals=proposals,
         borrowed=borrowed,
-        preemptions=preempt_for(m, vc, waiting, [*proposals, *borrowed], now, policy, home_pools),
+        preemptions=preempt_for(
+            m, vc, waiting, [*proposals, *borrowed], now, policy, home_pools, ctx
+        ),
         waiting=waiting,
         reservations=reservations,
         queue=pending,
@@ -484,10 +491,13 @@ def preempt_for(
     now: float,
     policy: PreemptionPolicy,
     home_pools: Collection[str] | None = None,
+    ctx: cost.ScoringContext | None = None,
 ) -> list[Preemption]:
     """Victims for the highest blocked allocations (at most
-    ``PREEMPTION_CANDIDATES_PER_CYCLE`` of them). Returns early, before scanning the
-    nodes, when no running allocation could be a victim."""
+    ``PREEMPTION_CANDIDATES_PER_CYCLE`` of them), burst allocations first (tenants at
+    or above their fair share in ``ctx``, the cycle's scoring context, built here when
+    not given). Returns early, before scanning the nodes, when no running allocation
+    could be a victim."""
     occupied = [w.allocation_id for w in waiting if w.reason == OCCUPIED]
     if not occupied:
         return []
@@ -514,6 +524,7 @@ def preempt_for(
         if allocs[i].state == AllocationState.CHECKPOINTING
     }
     jobs = order_pending(allocs[i] for i in occupied)
+    over_share = cost.over_share_tenants(ctx or cost.build_context(m, now, vcluster=vc))
     chosen: set[str] = set()
     out: list[Preemption] = []
     for job in jobs[:PREEMPTION_CANDIDATES_PER_CYCLE]:
@@ -527,6 +538,7 @@ def preempt_for(
             free_nodes=free,
             policy=policy,
             reclaimable=reclaimable,
+            over_share=over_share,
         )
         if not victims:
             continue

@@ -7,8 +7,10 @@ Pure functions over plain data (the specification's Preemption Decision Algorith
    (less than ``near_completion_seconds`` left, or more than ``near_completion_fraction``
    of its walltime used: let it finish);
 2. cost of each: checkpoint_time + recompute_if_no_checkpoint + remaining_walltime_value;
-3. greedy: cheapest first, at most ``max_victims``, until the nodes they free plus the
-   nodes already free satisfy the pending allocation (count and hard constraints).
+3. greedy: burst allocations (of tenants holding at least their fair share target:
+   "the first candidates for preemption", Burst Allowance) before the others, cheapest
+   first within each, at most ``max_victims``, until the nodes they free plus the nodes
+   already free satisfy the pending allocation (count and hard constraints).
 
 Until the checkpoint broker exists every allocation is treated as checkpoint=none: the
 victim gets SIGTERM, grace, SIGKILL and is requeued keeping its submit time.
@@ -16,7 +18,7 @@ victim gets SIGTERM, grace, SIGKILL and is requeued keeping its submit time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import msgspec
 from lattice_common.types import NEVER_PREEMPTED_CLASS, Allocation, AllocationState, Node
@@ -106,16 +108,18 @@ def select_victims(
     free_nodes: Iterable[Node] = (),
     policy: PreemptionPolicy | None = None,
     reclaimable: frozenset[str] = frozenset(),
+    over_share: Collection[str] = frozenset(),
 ) -> list[str] | None:
-    """Victim allocation ids whose nodes (with the free ones) let ``job`` start, cheapest
-    first; None when no valid set of at most ``max_victims`` exists."""
+    """Victim allocation ids whose nodes (with the free ones) let ``job`` start: those of
+    ``over_share`` tenants first, cheapest first; None when no valid set of at most
+    ``max_victims`` exists."""
     policy = policy or PreemptionPolicy()
     c = job.spec.constraints
     have = sum(1 for n in free_nodes if satisfies(n, c))
     need = job.spec.nodes - have
     if need <= 0:
         return []
-    scored: list[tuple[float, int, str, int]] = []
+    scored: list[tuple[bool, float, int, str, int]] = []
     for v in running:
         if not is_candidate(v, job, now, policy, reclaim=v.id in reclaimable):
             continue
@@ -124,12 +128,18 @@ def select_victims(
             continue  # freeing it would not help this job
         gpn = max((n.capabilities.gpu_count for n in usable), default=1)
         scored.append(
-            (preemption_cost(v, now, gpn, policy), v.spec.preemption_class, v.id, len(usable))
+            (
+                v.spec.tenant not in over_share,
+                preemption_cost(v, now, gpn, policy),
+                v.spec.preemption_class,
+                v.id,
+                len(usable),
+            )
         )
-    # cheapest first; at equal cost the lower class goes first
+    # burst allocations first, then cheapest; at equal cost the lower class goes first
     scored.sort()
     victims: list[str] = []
-    for _cost, _cls, vid, freed in scored:
+    for _burst, _cost, _cls, vid, freed in scored:
         if len(victims) >= policy.max_victims:
             break
         victims.append(vid)

@@ -388,6 +388,7 @@ class Replay:
             m.tenants[name] = Tenant(
                 name=name,
                 fair_share_target=share,
+                burst_allowance=0.0 if t is None else t.burst_allowance,
                 max_nodes=None if t is None else t.max_nodes,
                 max_concurrent_allocations=None if t is None else t.max_concurrent_allocations,
                 gpu_hours_budget=None if t is None else t.gpu_hours_budget,
@@ -963,6 +964,7 @@ class Replay:
             "tenants": {
                 name: {
                     "fair_share_target": t.fair_share_target,
+                    "burst_allowance": t.burst_allowance,
                     "max_nodes": t.max_nodes,
                     "max_concurrent_allocations": t.max_concurrent_allocations,
                     "gpu_hours_budget": t.gpu_hours_budget,

@@ -409,9 +409,13 @@ def burst(seed: int = 0, n_background: int = 250, n_burst: int = 200, nodes: int
     )
 
 
-def unfair(seed: int = 0, n_jobs: int = 600, nodes: int = 128, hours: float = 24.0) -> Scenario:
+def unfair(seed: int = 0, n_jobs: int = 1200, nodes: int = 128, hours: float = 48.0) -> Scenario:
     """Equal targets (25 % each); ``physics`` offers 3x its share (75 % of the cluster),
-    each other tenant 90 % of its share (22.5 %), all over the same window."""
+    each other tenant 90 % of its share (22.5 %), all over the same window.
+
+    Two days, because shares are a long-run property: jobs run up to 6 h (walltimes up
+    to 15 h), so whatever starts in the first hours, before the queue builds up, holds
+    its nodes for a good part of a one-day window whatever the scheduler does."""
     rng = random.Random(f"unfair/{seed}")
     targets = dict.fromkeys(TENANTS, 0.25)
     offered = {"physics": 0.75, "chemistry": 0.225, "biology": 0.225, "climate": 0.225}

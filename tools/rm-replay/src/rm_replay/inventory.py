@@ -22,7 +22,7 @@ Format (every key but ``node_classes`` / ``count`` is optional)::
         count: 256
         memory_gb: 256
     tenants:                       # optional; tenants only in the trace share the rest
-      physics: {fair_share_target: 0.4, max_nodes: 300}
+      physics: {fair_share_target: 0.4, burst_allowance: 1.5, max_nodes: 300}
     vclusters:                     # optional; scheduler settings per vCluster
       interactive: {scheduler_type: interactive-fifo}
       hpc-batch: {backfill_depth: 20, allow_borrowing: true}
@@ -74,6 +74,7 @@ _CLASS_KEYS = {
 _TENANT_KEYS = {
     "fair_share_target",
     "fair_share",
+    "burst_allowance",
     "max_nodes",
     "max_concurrent_allocations",
     "gpu_hours_budget",
@@ -246,6 +247,7 @@ def inventory_from_mapping(data: Any) -> Inventory:
                 fair_share_target=None
                 if share is None
                 else _float(share, "fair_share_target", 0, 1),
+                burst_allowance=_float(t.get("burst_allowance", 0.0), "burst_allowance", 0, 100),
                 max_nodes=_opt_int(t.get("max_nodes"), f"tenant {name!r} max_nodes"),
                 max_concurrent_allocations=_opt_int(
                     t.get("max_concurrent_allocations"),

@@ -37,7 +37,9 @@ totals use the engine's exact ``node_seconds`` / ``gpu_seconds``.
   node-hours inside the window; *share* = used / all tenants' used; *target* =
   ``fair_share_targets[tenant]`` normalised over the tenants that submitted work (no
   targets at all: equal; a tenant without a target is listed, not scored); *demand* =
-  node-hours of its jobs submitted in the window (runtime capped at walltime); *fair
+  node-hours its jobs submitted in the window could have run inside it (runtime capped
+  at walltime and at the time from submission to the window's end: a job submitted an
+  hour before the end cannot have been owed six hours of it); *fair
   share* = the demand-aware entitlement (:func:`entitlements`): the node-hours used in
   the window divided by weighted water-filling with the targets as weights, no tenant
   above its demand, so capacity a tenant does not ask for goes to the others and is
@@ -373,6 +375,8 @@ def fairness(result: Any, *, mode: str = "submission") -> dict[str, Any]:
             run = float(j.runtime or 0.0)
             if j.walltime:
                 run = min(run, float(j.walltime))
+            # what the job could have run inside the window had it started at once
+            run = min(run, hi - float(j.submit))
             demand[j.tenant] = demand.get(j.tenant, 0.0) + run * int(j.nodes)
     tenants = sorted(used)
     raw_targets = {t: float(v) for t, v in (_get(result, "fair_share_targets") or {}).items()}

@@ -206,6 +206,7 @@ class TenantSpec(msgspec.Struct, kw_only=True, frozen=True):
 
     name: str
     fair_share_target: float | None = None
+    burst_allowance: float = 0.0
     max_nodes: int | None = None
     max_concurrent_allocations: int | None = None
     gpu_hours_budget: float | None = None

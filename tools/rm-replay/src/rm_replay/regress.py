@@ -50,20 +50,10 @@ CYCLE_P99_LIMIT_S = 5.0
 
 # Checks that fail with the current scheduler, and why. Each entry is a finding of
 # this suite; remove it when the scheduler is fixed (the run then reports XPASS).
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("unfair", "max tenant share deviation"): (
-        "the flooding tenant gets ~51% of the node-hours against a 25% fair share. Under "
-        "sustained overload the queue order is dominated by f2 = log(1 + wait/1h), which "
-        "grows without bound, while the fair-share bonus w3*f3 is at most w3 (0.20 in "
-        "the hpc-batch profile; the Tuning Guide's fairness-boost 0.35 gains only 1-2 "
-        "points): the flooding tenant's older jobs win, so tenants get about their share "
-        "of the demand, not of the targets. Weights alone do not fix it: with wait_time 0 "
-        "and fair_share 0.6 the deviation is still 17% (18% with the flooding tenant's "
-        "score cut 100x whenever it is above its target), because the other tenants' jobs "
-        "wait hours for the flooding tenant's long running jobs to end (same class, so "
-        "no preemption) and the window closes on them"
-    ),
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
+# Empty since the fair share target became a score multiplier (cost.share_penalty);
+# the unfair trace's deviation was 25.6% before it (tenants got their share of the
+# demand, not of the targets).
 
 
 @dataclass(frozen=True)
