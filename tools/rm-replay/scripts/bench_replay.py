@@ -15,9 +15,9 @@ summed), ``wall_s`` the whole replay. Benchmarks are scripts that print JSON, ne
 timed assertions (ARCHITECTURE.md, section 5).
 
 Measured on the 2-core dev machine (10,000 jobs / 1,000 nodes, 18 simulated days):
-lattice 54-60 s (20,335 decisions, 40-47 s in them, mean queue 341; 215 s before the
+lattice 50-55 s (19,756 decisions, 36-41 s in them, mean queue 341; 215 s before the
 solver's availability index, the per-model usable-node cache, the scoring memo and
-the engine's scoring index), easy 24 s, fcfs 4.4 s; peak RSS 50 MB. ``--quick``
+the engine's scoring index), easy 24 s, fcfs 4.4 s; peak RSS 49 MB. ``--quick``
 (1,000 / 100): lattice 0.5 s. The lattice time is the real solver's (see the
 README's Performance section).
 
