@@ -240,13 +240,12 @@ def decide_vcluster(
     may_borrow = kind != SchedulerType.SENSITIVE_RESERVATION and (v is None or v.allow_borrowing)
     if may_borrow and other_pools:
         borrowed, waiting = borrow(m, vc, pending, waiting, proposals, now, score)
+    preemptions = preempt_for(m, vc, waiting, [*proposals, *borrowed], now, policy, home_pools, ctx)
     return CycleDecision(
         proposals=proposals,
         borrowed=borrowed,
-        preemptions=preempt_for(
-            m, vc, waiting, [*proposals, *borrowed], now, policy, home_pools, ctx
-        ),
-        waiting=waiting,
+        preemptions=preemptions,
+        waiting=explain_over_share(waiting, m.allocations, cost.over_share_tenants(ctx)),
         reservations=reservations,
         queue=pending,
         scores=scores,
@@ -544,6 +543,29 @@ def preempt_for(
             continue
         chosen.update(victims)
         out.extend(Preemption(v, job.id, _reason(job, v, reclaimable)) for v in victims)
+    return out
+
+
+OVER_SHARE_NOTE = (
+    "; tenant {tenant} holds at least its fair share, so other tenants' work goes first"
+)
+
+
+def explain_over_share(
+    waiting: list[Pending], allocations: Mapping[str, Allocation], over_share: Collection[str]
+) -> list[Pending]:
+    """Say so when an allocation waits for busy nodes while its tenant holds at least its
+    fair share target: other tenants' later work may start before it (the share
+    penalty), which "all suitable nodes occupied" alone does not explain. The text has
+    no figures, so it only changes (and is only re-published) when the situation does."""
+    if not over_share:
+        return waiting
+    out = []
+    for w in waiting:
+        a = allocations.get(w.allocation_id)
+        if w.reason == OCCUPIED and a is not None and a.spec.tenant in over_share:
+            w = Pending(w.allocation_id, OCCUPIED + OVER_SHARE_NOTE.format(tenant=a.spec.tenant))
+        out.append(w)
     return out
 
 
