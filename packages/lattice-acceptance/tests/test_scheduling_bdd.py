@@ -1,22 +1,17 @@
 """Steps for features/scheduling.feature: backfill, preemption, sensitive claims, pending
 reasons and live cost-function weights.
 
-Each scenario builds its own small real cluster with ``cluster_factory`` (one quorum
-member, 1 s scheduler cycles, one or two agents running real processes), because the
-scenarios leave different marks behind (claims, weights). User actions go through the
-real ``lattice`` CLI (as the user the step names: the CLI sends ``$USER`` as the
-identity); the REST API is read to observe states, nodes and timestamps precisely.
-
-Jobs are batch scripts written to the scenario's temporary directory. Each script
-appends its name to a shared ``order`` file when it starts (which job ran first) and
-prints ``started NAME`` / ``finished NAME`` (what ``lattice logs`` shows); long ones wait
-for a ``release`` file so that a step decides when they end. The ``world`` fixture
-releases and cancels whatever still runs before the cluster is stopped.
+Each scenario builds its own small real cluster (``World.start_cluster``, from
+``lattice_acceptance.world``, shared with the other step modules that need a fresh cluster),
+because the scenarios leave different marks behind (claims, weights). User actions go
+through the real ``lattice`` CLI; the REST API is read to observe states, nodes and
+timestamps precisely. Jobs are batch scripts that record when they start and, when they
+run until released, wait for a ``release`` file (see ``lattice_acceptance.world``). The ``world``
+fixture releases and cancels whatever still runs before the cluster is stopped.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import subprocess
@@ -24,29 +19,20 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
-from lattice_common.types import CostWeights
-from lattice_test_harness.cluster import TERMINAL, ApiError, ClusterHandle
+from lattice_acceptance.world import TIMEOUT, Job
+from lattice_acceptance.world import World as ClusterWorld
+from lattice_acceptance.world import show as _show
+from lattice_test_harness.cluster import ClusterHandle
 from pytest_bdd import given, parsers, scenario, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
 
 FEATURE = "scheduling.feature"
 
-# Several scheduler cycles (cycle_interval is 1 s in the harness).
-OBSERVE_SECONDS = 3.0
-# Generous: the machine running the suite may be small and busy.
-TIMEOUT = 30.0
 # Longest acceptable time from submission to start for a job that fits at once.
 AT_ONCE_SECONDS = 10.0
-
-WEIGHTS = tuple(CostWeights.__struct_fields__)
-# `lattice admin vcluster set-weights` flag of each weight.
-WEIGHT_FLAGS = {w: "--" + w.replace("_", "-") for w in WEIGHTS} | {
-    "checkpoint_efficiency": "--checkpoint"
-}
 
 
 # --------------------------------------------------------------------------- bindings
@@ -64,147 +50,9 @@ scenarios(FEATURE)
 
 
 @dataclass
-class Job:
-    name: str
-    id: str
-    dir: Path
-    user: str
-    first: dict[str, Any] = field(default_factory=dict)  # the record when first seen Running
-
-    @property
-    def release_file(self) -> Path:
-        return self.dir / "release"
-
-
-@dataclass
-class World:
-    make: Callable[..., ClusterHandle]
-    workdir: Path
-    _cluster: ClusterHandle | None = None
-    jobs: dict[str, Job] = field(default_factory=dict)
-    current: Job | None = None  # the job the scenario calls "the job"
+class World(ClusterWorld):
     victims: list[Job] = field(default_factory=list)
-    node: str = ""  # the node the scenario is about
-    last: subprocess.CompletedProcess[str] | None = None
-    weights: dict[str, float] = field(default_factory=dict)
     victim_seconds: int = 0  # how long each preemption victim runs on its own
-
-    @property
-    def cluster(self) -> ClusterHandle:
-        assert self._cluster is not None, "no cluster started (missing Given step)"
-        return self._cluster
-
-    @property
-    def order_file(self) -> Path:
-        return self.workdir / "order"
-
-    # --- CLI --------------------------------------------------------------------------
-
-    def cli(
-        self, *args: str, user: str = "tester", ok: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        c = self.cluster
-        c.user = user  # the CLI runs with USER=<user>, which the API takes as the identity
-        try:
-            r = c.cli(*args, cwd=self.workdir)
-        finally:
-            c.user = "tester"
-        self.last = r
-        if ok:
-            assert r.returncode == 0, _show(r)
-        assert "Traceback" not in r.stderr, _show(r)
-        return r
-
-    def submit(
-        self,
-        name: str,
-        body: str = "",
-        *,
-        directives: tuple[str, ...] = (),
-        user: str = "tester",
-        until_released: bool = False,
-    ) -> Job:
-        """Write a batch script as a user would and `lattice submit` it."""
-        d = self.workdir / name
-        d.mkdir()
-        script = d / f"{name}.sh"
-        if until_released:
-            body = f"while [ ! -e {d}/release ]; do sleep 0.1; done\n{body}"
-        lines = [
-            "#!/bin/bash",
-            f"#LATTICE --name={name}",
-            *(f"#LATTICE {x}" for x in directives),
-            f"echo {name} >> {self.order_file}",
-            f"echo started {name}",
-            body.rstrip("\n"),
-            f"echo finished {name}",
-        ]
-        script.write_text("\n".join(lines) + "\n")
-        r = self.cli("submit", str(script), user=user)
-        m = re.fullmatch(r"Submitted allocation (\S+)\n?", r.stdout)
-        assert m, f"lattice submit did not print 'Submitted allocation <id>':\n{_show(r)}"
-        job = Job(name=name, id=m.group(1), dir=d, user=user)
-        self.jobs[name] = job
-        return job
-
-    def status_field(self, alloc_id: str, name: str, *extra: str) -> str:
-        r = self.cli("status", alloc_id, *extra)
-        m = re.search(rf"^{re.escape(name)}:\s+(.*?)\s*$", r.stdout, re.MULTILINE)
-        assert m, f"`lattice status {alloc_id}` has no {name!r} line:\n{_show(r)}"
-        return m.group(1)
-
-    def node_field(self, node_id: str, name: str) -> str:
-        r = self.cli("nodes", node_id)
-        m = re.search(rf"^{re.escape(name)}:\s+(.*?)\s*$", r.stdout, re.MULTILINE)
-        assert m, f"`lattice nodes {node_id}` has no {name!r} line:\n{_show(r)}"
-        return m.group(1)
-
-    # --- REST observation ---------------------------------------------------------------
-
-    def get(self, name: str) -> dict[str, Any]:
-        return self.cluster.get(self.jobs[name].id)
-
-    def node_ids(self) -> list[str]:
-        return sorted(n["id"] for n in self.cluster.nodes())
-
-    def wait_running(self, job: Job) -> dict[str, Any]:
-        a = self.cluster.wait_state(job.id, "Running", timeout=TIMEOUT)
-        job.first = job.first or a
-        return a
-
-    def wait_end(self, name: str, state: str = "Completed") -> dict[str, Any]:
-        a = self.cluster.wait_state(self.jobs[name].id, TERMINAL, timeout=TIMEOUT)
-        assert a["state"] == state, f"{name} ended {a['state']}, not {state}: {a}"
-        return a
-
-    def wait_considered(self, job: Job) -> dict[str, Any]:
-        """Wait until a scheduler cycle has looked at a job (it says why it waits)."""
-        return self.cluster.wait_for(
-            f"a pending reason for {job.name}",
-            lambda: (a := self.cluster.get(job.id)).get("pending_reason") and a,
-            timeout=TIMEOUT,
-        )
-
-    def observe(self, what: str, check: Callable[[], None]) -> None:
-        """Run ``check`` repeatedly for OBSERVE_SECONDS; it must hold every time."""
-        deadline = time.monotonic() + OBSERVE_SECONDS
-        n = 0
-        while time.monotonic() < deadline:
-            check()
-            n += 1
-            time.sleep(0.1)
-        assert n >= 3, f"could only check {what} {n} times"
-
-    def started_order(self) -> list[str]:
-        if not self.order_file.exists():
-            return []
-        return self.order_file.read_text().split()
-
-
-def _show(r: subprocess.CompletedProcess[str]) -> str:
-    return (
-        f"$ {shlex.join(r.args)}\nexit {r.returncode}\n--- stdout\n{r.stdout}--- stderr\n{r.stderr}"
-    )
 
 
 def _log_lines(r: subprocess.CompletedProcess[str]) -> list[str]:
@@ -217,20 +65,7 @@ def world(cluster_factory: Callable[..., ClusterHandle], tmp_path: Path) -> Iter
     w = World(make=cluster_factory, workdir=tmp_path / "work")
     w.workdir.mkdir()
     yield w
-    # Runs before cluster_factory stops the cluster: leave no job processes behind.
-    if w._cluster is None:
-        return
-    c = w._cluster
-    for job in w.jobs.values():
-        job.release_file.touch()
-    for job in w.jobs.values():
-        try:
-            if c.get(job.id)["state"] not in TERMINAL:
-                c.cancel(job.id)
-        except ApiError:
-            pass
-    for job in w.jobs.values():
-        c.wait_state(job.id, TERMINAL, timeout=TIMEOUT)
+    w.clean_up()
 
 
 # --------------------------------------------------------------------------- cluster
@@ -243,15 +78,7 @@ def world(cluster_factory: Callable[..., ClusterHandle], tmp_path: Path) -> Iter
     )
 )
 def lattice_cluster(world: World, count: str, vcluster: str | None) -> None:
-    vclusters = ("default", vcluster) if vcluster else ("default",)
-    world._cluster = world.make(members=1, agents=int(count), vclusters=vclusters)
-    r = world.cli("nodes", "-o", "json")
-    nodes = json.loads(r.stdout)
-    assert len(nodes) == int(count), _show(r)
-    assert all(n["state"] == "Ready" and not n.get("owner") for n in nodes), _show(r)
-    if vcluster:
-        listed = json.loads(world.cli("admin", "vcluster", "list", "-o", "json").stdout)
-        assert vcluster in [v["name"] for v in listed], listed
+    world.start_cluster(int(count), ("default", vcluster) if vcluster else ("default",))
 
 
 # --------------------------------------------------------------------------- backfill
@@ -655,7 +482,7 @@ def job_until_released(world: World, name: str, cls: int) -> None:
 
 @when(parsers.parse('I release "{name}"'))
 def release_job(world: World, name: str) -> None:
-    world.jobs[name].release_file.touch()
+    world.release(name)
 
 
 @then("the job ends Completed")
@@ -687,17 +514,12 @@ def job_waiting(world: World, later: str | None, name: str, cls: str) -> None:
     )
 )
 def set_weights(world: World, vcluster: str, priority: float, wait_time: float) -> None:
-    world.weights = {w: 0.0 for w in WEIGHTS} | {"priority": priority, "wait_time": wait_time}
-    flags = [f"{WEIGHT_FLAGS[w]}={v:g}" for w, v in world.weights.items()]
-    r = world.cli("admin", "vcluster", "set-weights", "--name", vcluster, *flags, user="admin")
-    assert r.stdout.strip() == f"Updated weights of vCluster {vcluster}", _show(r)
+    world.set_weights(vcluster, {"priority": priority, "wait_time": wait_time})
 
 
 @then(parsers.parse('lattice admin vcluster list shows those weights for "{vcluster}"'))
 def weights_listed(world: World, vcluster: str) -> None:
-    r = world.cli("admin", "vcluster", "list", "-o", "json")
-    (vc,) = [v for v in json.loads(r.stdout) if v["name"] == vcluster]
-    assert {w: vc["weights"][w] for w in WEIGHTS} == world.weights, vc
+    assert world.listed_weights(vcluster) == world.weights
 
 
 @then(parsers.parse('"{first}" starts before "{second}" and both end Completed'))

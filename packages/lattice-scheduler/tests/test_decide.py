@@ -203,3 +203,36 @@ def test_burst_allocations_are_preempted_first() -> None:
     m.tenants["biology"] = b.tenant("biology", fair_share_target=0.25)
     d = decide_vcluster(m, "v", NOW)
     assert [(p.victim, p.preemptor) for p in d.preemptions] == [("bio-run", "urgent")]
+
+
+def test_work_over_its_share_does_not_preempt_a_tenant_below_its_share() -> None:
+    # physics holds half the cluster (target 25%); its class-6 job may not take the node
+    # biology (half the cluster, target 75%: below its share) runs class-5 work on, but
+    # may take a class-5 node of a tenant without a share contract
+    def cluster(victim_tenant: str) -> StateMirror:
+        allocs = []
+        for aid, tenant, node in (("p-run", "physics", "n1"), ("v-run", victim_tenant, "n2")):
+            r = b.allocation(
+                id=aid,
+                tenant=tenant,
+                preemption_class=5 if aid == "v-run" else 9,
+                state=AllocationState.RUNNING,
+            )
+            r.assigned_nodes = [node]
+            r.started_at = NOW - 600
+            allocs.append(r)
+        allocs.append(
+            b.allocation(id="p-next", tenant="physics", preemption_class=6, submitted_at=NOW - 5)
+        )
+        m = mirror([b.node("n1", owner="p-run"), b.node("n2", owner="v-run")], allocs)
+        m.tenants = {
+            "physics": b.tenant("physics", fair_share_target=0.25),
+            "biology": b.tenant("biology", fair_share_target=0.75),
+        }
+        return m
+
+    assert decide_vcluster(cluster("biology"), "v", NOW).preemptions == []
+    d = decide_vcluster(cluster("guest"), "v", NOW)
+    assert [(p.victim, p.preemptor, p.reason) for p in d.preemptions] == [
+        ("v-run", "p-next", "priority")
+    ]

@@ -54,6 +54,7 @@ __all__ = [
     "WEIGHT_PROFILES",
     "IntraNodeFit",
     "ScoringContext",
+    "below_share_tenants",
     "beta_for",
     "breakdown",
     "budget_penalty",
@@ -128,13 +129,13 @@ runs on what the others cannot use -- idle capacity, backfill holes -- yet is
 deprioritized, not starved. The same factor as a budget at its limit;
 an exhausted budget (0.01) is harsher. RM-Replay's unfair trace: 3% deviation."""
 BUDGET_EXHAUSTED_MULTIPLIER = 0.01
+"""Multiplier at and above 100% used: "very low score (effective starvation for new
+allocations, but not hard rejection)". Never zero."""
 OVER_BURST_MULTIPLIER = BUDGET_EXHAUSTED_MULTIPLIER
 """Burst Allowance: "allow up to 150% of fair share when resources idle". Beyond its
 burst allowance a tenant scores like one with an exhausted budget: effective starvation
 while anyone else waits, never a hard block (soft quotas "influence scheduling score
 but don't hard-block")."""
-"""Multiplier at and above 100% used: "very low score (effective starvation for new
-allocations, but not hard rejection)". Never zero."""
 
 FACTOR_NAMES: tuple[str, ...] = (
     "priority",
@@ -602,6 +603,17 @@ def soft_quota_multiplier(
     """Both soft quotas on one tenant: ``budget_penalty * share_penalty``."""
     return budget_penalty(budget_fraction) * share_penalty(
         target_share, actual_usage, burst_allowance
+    )
+
+
+def below_share_tenants(ctx: ScoringContext) -> frozenset[str]:
+    """Tenants with a target share they do not hold yet (f3 > 0): capacity is owed to
+    them, so work of a tenant at or above its share does not preempt theirs."""
+    usage = ctx.tenant_usage_share
+    return frozenset(
+        t
+        for t, target in ctx.tenant_target_share.items()
+        if 0.0 < target < _INF and not usage.get(t, 0.0) >= target
     )
 
 

@@ -523,7 +523,8 @@ def preempt_for(
         if allocs[i].state == AllocationState.CHECKPOINTING
     }
     jobs = order_pending(allocs[i] for i in occupied)
-    over_share = cost.over_share_tenants(ctx or cost.build_context(m, now, vcluster=vc))
+    ctx = ctx or cost.build_context(m, now, vcluster=vc)
+    over_share, below_share = cost.over_share_tenants(ctx), cost.below_share_tenants(ctx)
     chosen: set[str] = set()
     out: list[Preemption] = []
     for job in jobs[:PREEMPTION_CANDIDATES_PER_CYCLE]:
@@ -538,6 +539,7 @@ def preempt_for(
             policy=policy,
             reclaimable=reclaimable,
             over_share=over_share,
+            below_share=below_share,
         )
         if not victims:
             continue

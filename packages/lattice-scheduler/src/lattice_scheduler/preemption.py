@@ -7,6 +7,9 @@ Pure functions over plain data (the specification's Preemption Decision Algorith
    (less than ``near_completion_seconds`` left, or more than ``near_completion_fraction``
    of its walltime used: let it finish);
 2. cost of each: checkpoint_time + recompute_if_no_checkpoint + remaining_walltime_value;
+   A job of a tenant at or above its fair share does not take a victim from a tenant
+   below its share (that capacity is owed to the victim's tenant: its score gave way
+   for exactly that), except to reclaim a borrowed node; class 10 is not held back;
 3. greedy: burst allocations (of tenants holding at least their fair share target:
    "the first candidates for preemption", Burst Allowance) before the others, cheapest
    first within each, at most ``max_victims``, until the nodes they free plus the nodes
@@ -109,9 +112,11 @@ def select_victims(
     policy: PreemptionPolicy | None = None,
     reclaimable: frozenset[str] = frozenset(),
     over_share: Collection[str] = frozenset(),
+    below_share: Collection[str] = frozenset(),
 ) -> list[str] | None:
     """Victim allocation ids whose nodes (with the free ones) let ``job`` start: those of
-    ``over_share`` tenants first, cheapest first; None when no valid set of at most
+    ``over_share`` tenants first, cheapest first, none of a ``below_share`` tenant when
+    ``job``'s tenant is over its share; None when no valid set of at most
     ``max_victims`` exists."""
     policy = policy or PreemptionPolicy()
     c = job.spec.constraints
@@ -119,9 +124,14 @@ def select_victims(
     need = job.spec.nodes - have
     if need <= 0:
         return []
+    owed: Collection[str] = ()
+    if job.spec.tenant in over_share and job.spec.preemption_class < NEVER_PREEMPTED_CLASS:
+        owed = below_share
     scored: list[tuple[bool, float, int, str, int]] = []
     for v in running:
         if not is_candidate(v, job, now, policy, reclaim=v.id in reclaimable):
+            continue
+        if v.spec.tenant in owed and v.id not in reclaimable:
             continue
         usable = [nodes[n] for n in v.assigned_nodes if n in nodes and satisfies(nodes[n], c)]
         if not usable:
