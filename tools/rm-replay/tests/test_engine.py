@@ -23,7 +23,7 @@ from lattice_scheduler import cost
 from lattice_scheduler.solver import solve
 from lattice_scheduler.topology import TopologyModel
 from rm_replay.engine import Replay, simulate
-from rm_replay.model import CompleteEvent, SubmitEvent, TraceError
+from rm_replay.model import CancelEvent, CompleteEvent, SubmitEvent, TraceError
 from rm_replay.policies import lattice_decide, lattice_queue_order
 from rmr_helpers import T0, H, inventory, submit
 
@@ -378,6 +378,143 @@ def test_checkpoint_draws_depend_on_the_seed_only() -> None:
     assert sum(a for a, _ in outcome(3)) >= 6
 
 
+# --------------------------------------------------------------------------- cancels
+
+
+def _cancel(aid: str, t: float) -> CancelEvent:
+    return CancelEvent(t=T0 + t, id=aid)
+
+
+def test_a_cancel_while_pending_removes_the_job_and_the_next_one_starts() -> None:
+    # one node: a runs 0-100; b and c wait; b is cancelled at 50 while still queued
+    trace = [submit("a", 0, runtime=100), submit("b", 1, runtime=100), submit("c", 2, runtime=100)]
+    before = by_id(simulate(trace, inventory(1)))
+    assert (before["b"].start, before["c"].start) == (T0 + 100, T0 + 200)
+    r = simulate([*trace, _cancel("b", 50)], inventory(1))
+    j = by_id(r)
+    b = j["b"]
+    assert (b.state, b.start, b.last_start, b.end) == ("cancelled", None, None, T0 + 50)
+    assert (b.node_seconds, b.gpu_seconds) == (0.0, 0.0)
+    assert (j["c"].start, j["c"].end, j["c"].state) == (T0 + 100, T0 + 200, "completed")
+    assert r.makespan == 200.0
+    # the utilization samples count b as queued until its cancel, not after
+    s = {
+        x.t - T0: x
+        for x in simulate([*trace, _cancel("b", 50)], inventory(1), sample_interval=40).samples
+    }
+    assert (s[40].pending, s[80].pending) == (2, 1)
+
+
+def test_a_pending_cancel_lifts_the_reservation_it_held() -> None:
+    # two nodes: a (1 node) runs 0-1000; b (2 nodes) waits with a reservation at 1000;
+    # c (1 node, 2000 s) cannot backfill in front of it. Cancelling b lets c start at
+    # the next interval cycle (a removed queue entry frees nothing, so no poke).
+    trace = [
+        submit("a", 0, walltime=1000, runtime=1000),
+        submit("b", 1, nodes=2, walltime=1000, runtime=1000),
+        submit("c", 2, walltime=2000, runtime=2000),
+    ]
+    j = by_id(simulate(trace, inventory(2)))
+    assert (j["b"].start, j["c"].start) == (T0 + 1000, T0 + 2000)
+    j = by_id(simulate([*trace, _cancel("b", 100)], inventory(2), cycle_interval=30))
+    assert (j["b"].state, j["b"].start) == ("cancelled", None)
+    assert T0 + 100 < j["c"].start <= T0 + 130
+    assert j["c"].start == T0 + 122  # cycles at 2 (c's arrival), 32, 62, 92, 122
+    assert j["c"].state == "completed" and not j["c"].backfilled
+
+
+def test_a_cancel_of_a_job_the_replay_already_started_ends_it_then() -> None:
+    # live, "a" never started before its cancel at 300; the replay starts it at once
+    trace = [
+        submit("a", 0, nodes=2, walltime=H, runtime=1000),
+        _cancel("a", 300),
+        submit("b", 10, nodes=2, runtime=100),
+    ]
+    r = simulate(trace, inventory(2, gpus=4))
+    j = by_id(r)
+    a = j["a"]
+    assert (a.state, a.start, a.end, a.last_start) == ("cancelled", T0, T0 + 300, T0)
+    assert (a.node_seconds, a.gpu_seconds) == (600.0, 2400.0)  # counted up to the cancel
+    # its freed nodes poke the scheduler at once, as a completion does
+    assert (j["b"].start, j["b"].end) == (T0 + 300, T0 + 400)
+    assert r.makespan == 400.0 and r.end_time == T0 + 400  # a's old end (1000) is void
+
+
+def test_a_cancel_after_the_job_ended_does_nothing() -> None:
+    trace = [submit("a", 0, runtime=100, exit=2)]
+    plain = simulate(trace, inventory(1))
+    r = simulate([*trace, _cancel("a", 3000)], inventory(1))
+    (a,) = r.jobs
+    assert (a.state, a.end, a.exit) == ("failed", T0 + 100, 2)
+    # and it does not stretch the replay to its time
+    assert r.end_time == plain.end_time == T0 + 100
+    assert msgspec.json.encode(r.samples) == msgspec.json.encode(plain.samples)
+
+
+def test_a_job_ending_at_the_cancel_time_ends_on_its_own() -> None:
+    # end before cancel at equal times
+    (a,) = simulate([submit("a", 0, runtime=100), _cancel("a", 100)], inventory(1)).jobs
+    assert (a.state, a.end) == ("completed", T0 + 100)
+
+
+def test_a_cancel_at_the_submit_time_never_starts_it() -> None:
+    # arrival before cancel at equal times, and the cycle after both
+    r = simulate([submit("a", 0, runtime=100), _cancel("a", 0)], inventory(1))
+    (a,) = r.jobs
+    assert (a.state, a.start, a.end, a.node_seconds) == ("cancelled", None, T0, 0.0)
+    assert r.cycles == [] and r.makespan == 0.0
+
+
+def test_a_preempted_job_cancelled_while_requeued_leaves_the_queue() -> None:
+    trace = [
+        submit("low", 0, nodes=2, walltime=10 * H, runtime=4 * H, preemption_class=1),
+        submit("high", H, nodes=2, walltime=H, preemption_class=8),
+        _cancel("low", H + 1800),  # requeued after its checkpoint (H + 60), still waiting
+    ]
+    r = simulate(trace, inventory(2), checkpoint_success_rate=1.0, checkpoint_seconds=60)
+    j = by_id(r)
+    low = j["low"]
+    assert (low.state, low.start, low.preempted_count) == ("cancelled", T0, 1)
+    assert low.end == T0 + H + 60  # its last release of nodes: it never ran again
+    assert low.node_seconds == 2 * (H + 60)
+    assert r.makespan == 2 * H + 60  # high's end; low does not run after high
+
+
+def test_a_victim_cancelled_during_its_checkpoint_frees_its_nodes_then() -> None:
+    trace = [
+        submit("low", 0, nodes=2, walltime=10 * H, runtime=4 * H, preemption_class=1),
+        submit("high", H, nodes=2, walltime=H, preemption_class=8),
+        _cancel("low", H + 30),
+    ]
+    j = by_id(simulate(trace, inventory(2), checkpoint_seconds=60))
+    low = j["low"]
+    assert (low.state, low.end, low.checkpoints_attempted) == ("cancelled", T0 + H + 30, 0)
+    assert low.node_seconds == 2 * (H + 30)
+    assert j["high"].start == T0 + H + 30  # not H + 60: the freed nodes poke a cycle
+
+
+def test_an_allocation_with_only_a_cancel_and_no_walltime_runs_until_cancelled() -> None:
+    # a captured unbounded allocation cancelled before it started: no runtime anywhere
+    trace = [SubmitEvent(t=T0, id="a", tenant="t"), _cancel("a", 500)]
+    (a,) = simulate(trace, inventory(1)).jobs
+    assert (a.state, a.start, a.end, a.runtime) == ("cancelled", T0, T0 + 500, 500.0)
+    # queued behind other work it is removed at 500 without ever running
+    trace = [
+        submit("x", 0, walltime=H),
+        SubmitEvent(t=T0 + 1, id="a", tenant="t"),
+        _cancel("a", 500),
+    ]
+    a = by_id(simulate(trace, inventory(1)))["a"]
+    assert (a.state, a.start, a.end) == ("cancelled", None, T0 + 500)
+
+
+def test_cancels_of_unknown_or_not_yet_submitted_jobs_are_input_errors() -> None:
+    with pytest.raises(TraceError, match="never submits"):
+        simulate([submit("a", 0), _cancel("b", 5)], inventory(1))
+    with pytest.raises(TraceError, match="before its submission"):
+        simulate([submit("a", 10), _cancel("a", 5)], inventory(1))
+
+
 # --------------------------------------------------------------------------- skipping
 
 
@@ -420,6 +557,42 @@ def test_skipping_provably_idle_cycles_changes_nothing(policy: str, seed: int) -
     assert msgspec.json.encode(fast.jobs) == msgspec.json.encode(full.jobs)
     assert msgspec.json.encode(fast.samples) == msgspec.json.encode(full.samples)
     assert len(fast.cycles) < len(full.cycles)
+
+
+def _with_cancels(trace: list[SubmitEvent], seed: int) -> list[SubmitEvent | CancelEvent]:
+    """About a quarter of the jobs cancelled, from at once to a day after submission."""
+    rng = random.Random(f"cancel:{seed}")
+    out: list[SubmitEvent | CancelEvent] = list(trace)
+    for ev in trace:
+        if rng.random() < 0.25:
+            delay = rng.choice([0, 60, 600, 1800, 3 * H, 8 * H, 24 * H])
+            out.append(CancelEvent(t=ev.t + delay, id=ev.id))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["lattice", "easy", "fcfs"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_skipping_idle_cycles_changes_nothing_with_cancels(policy: str, seed: int) -> None:
+    inv = inventory(
+        10,
+        groups=2,
+        extra=[
+            {"name": "g", "count": 6, "gpu_type": "GH200", "gpus": 4, "groups": 1, "vcluster": "ml"}
+        ],
+    )
+    trace = _with_cancels(_random_trace(seed), seed)
+    fast = simulate(trace, inv, policy=policy, seed=seed)
+    full = simulate(trace, inv, policy=policy, seed=seed, skip_unchanged_cycles=False)
+    assert msgspec.json.encode(fast.jobs) == msgspec.json.encode(full.jobs)
+    assert msgspec.json.encode(fast.samples) == msgspec.json.encode(full.samples)
+    assert (fast.makespan, fast.end_time) == (full.makespan, full.end_time)
+    # the trace exercises both kinds of cancel, and they change the schedule
+    cancelled = [j for j in fast.jobs if j.state == "cancelled"]
+    assert any(j.start is None for j in cancelled)
+    if policy != "fcfs":  # strict FCFS starts so late that every cancel may find it queued
+        assert any(j.start is not None for j in cancelled)
+    plain = simulate(_random_trace(seed), inv, policy=policy, seed=seed)
+    assert [j.start for j in plain.jobs] != [j.start for j in fast.jobs]
 
 
 def test_bad_parameters() -> None:

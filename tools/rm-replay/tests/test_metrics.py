@@ -83,7 +83,13 @@ def test_utilization_waits_slowdown_known_values():
     # bounded slowdown: A = 1, B = (100 + 100) / 100 = 2
     assert m["slowdown"]["mean"] == 1.5
     assert m["slowdown"]["max"] == 2.0
-    assert m["jobs"] == {"total": 2, "started": 2, "never_started": 0, "states": {"completed": 2}}
+    assert m["jobs"] == {
+        "total": 2,
+        "started": 2,
+        "never_started": 0,
+        "cancelled_before_start": 0,
+        "states": {"completed": 2},
+    }
 
 
 def test_slowdown_is_bounded_for_short_jobs():
@@ -116,6 +122,67 @@ def test_never_started_job_is_censored_at_window_end():
     assert m["jobs"]["never_started"] == 1
     assert m["wait"]["overall"]["max_s"] == 900.0  # 1000 - 100
     assert m["slo"]["compliant_jobs"] == 1
+
+
+def test_jobs_cancelled_before_start_are_left_out_of_waits_slo_and_slowdown():
+    jobs = [
+        job("ran", submit=0, start=0, end=1000),
+        job("late", submit=0, start=7200, end=7300, preemption_class=2),
+        # withdrawn by the user after a day in the queue: not starvation
+        job("gone", submit=0, start=None, end=86400, state="cancelled", sensitive=True),
+        job("gone2", submit=50, start=None, end=60, state="cancelled", preemption_class=2),
+        job("starved", submit=100, start=None, end=None),
+        # cancelled after it started: an ordinary started job, its wait counts
+        job("stopped", submit=0, start=30, end=90, state="cancelled"),
+    ]
+    r = result(jobs, nodes=2)
+    r.makespan, r.end_time = 7300.0, 86400.0
+    m = M.metrics_dict(r, slo_wait_s=3600.0)
+    assert m["jobs"] == {
+        "total": 6,
+        "started": 3,
+        "never_started": 1,
+        "cancelled_before_start": 2,
+        "states": {"cancelled": 3, "completed": 2, "unfinished": 1},
+    }
+    w = m["wait"]["overall"]
+    # ran 0, stopped 30, late 7200, starved censored at the replay's end (86400 - 100)
+    assert (w["count"], w["p50_s"], w["max_s"]) == (4, 3615.0, 86300.0)
+    assert m["wait"]["by_class"]["2"]["count"] == 1
+    assert m["sensitive"]["jobs"] == 0
+    assert m["slo"] == {"target_wait_s": 3600.0, "compliant_jobs": 2, "compliance": 0.5}
+    assert m["slowdown"]["count"] == 3  # ran, late, stopped: the finished ones that started
+    # every job cancelled before it started: nothing to miss
+    only = result([job("g", submit=0, start=None, end=10, state="cancelled")], nodes=1)
+    m = M.metrics_dict(only)
+    assert m["slo"]["compliance"] == 1.0 and m["wait"]["overall"]["count"] == 0
+    assert (m["jobs"]["never_started"], m["jobs"]["cancelled_before_start"]) == (0, 1)
+
+
+def test_a_job_cancelled_before_start_waited_only_until_its_cancel():
+    # 2 nodes: A (1 node) runs 0-1000; W (2 nodes) queued at 0, cancelled at 200. The
+    # free node idled while W waited for 200 s, not until the end of the run.
+    jobs = [
+        job("A", submit=0, start=0, end=1000),
+        job("W", submit=0, start=None, end=200, nodes=2, state="cancelled"),
+    ]
+    m = M.metrics_dict(result(jobs, nodes=2))
+    assert m["backfill"]["idle_node_hours_while_pending"] == pytest.approx(200 / 3600, abs=1e-6)
+    assert M.job_wait(jobs[1], 1000.0) == (200.0, True)  # its time in the queue (plots)
+    assert m["run"]["makespan_s"] == 1000.0
+
+
+def test_a_cancelled_jobs_fairness_demand_ends_at_its_cancel():
+    jobs = [
+        job("a1", submit=0, start=0, end=4 * 3600, tenant="a", runtime=4 * 3600.0),
+        job("a2", submit=4 * 3600, start=4 * 3600, end=5 * 3600, tenant="a"),
+        # b asked for 3 hours but withdrew the job after half an hour in the queue
+        job("b1", submit=0, start=None, end=1800, tenant="b", state="cancelled"),
+    ]
+    jobs[2] = msgspec.structs.replace(jobs[2], runtime=3 * 3600.0)
+    f = M.fairness(result(jobs, nodes=1, targets={"a": 0.5, "b": 0.5}))
+    assert f["tenants"]["b"]["demand_node_hours"] == 0.5
+    assert f["tenants"]["b"]["fair_share"] == pytest.approx(0.5 / 4)
 
 
 def test_backfill_effectiveness_known_value():

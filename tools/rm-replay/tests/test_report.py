@@ -118,6 +118,39 @@ def test_report_renders_empty_sections():
     assert "never reached" in text
 
 
+def test_report_of_a_replay_with_a_cancel(tmp_path: Path):
+    """A job cancelled in the queue is counted under Wait Time and left out of the SLO;
+    result.json, metrics.json and the plots still write and read back."""
+    from rm_replay.model import CancelEvent
+    from rmr_helpers import T0, inventory, submit
+
+    trace = [
+        submit("a", 0, runtime=100),
+        submit("b", 1, runtime=100),
+        submit("c", 2, runtime=100),
+        CancelEvent(t=T0 + 50, id="b"),
+    ]
+    r = simulate(trace, inventory(1), trace_name="cancels")
+    write_outputs(r, tmp_path / "r", name="cancels")
+    lines = (tmp_path / "r" / "report.txt").read_text().splitlines()
+    assert "Jobs: 3 (cancelled 1, completed 2)" in lines[2]
+    assert "  cancelled before start: 1 (left out: withdrawn by the user)" in lines
+    assert not any("never started" in line for line in lines)
+    slo = lines[lines.index("SLO Compliance (wait <= 1.0 hr):") + 1]
+    assert slo == "  100.0% (2 / 2 jobs)"
+    again = load_result(tmp_path / "r")
+    assert {j.id: j.state for j in again.jobs} == {
+        "a": "completed",
+        "b": "cancelled",
+        "c": "completed",
+    }
+    assert metrics_dict(again)["jobs"]["cancelled_before_start"] == 1
+    # a metrics.json written before the count existed still renders
+    old = metrics_dict(again)
+    del old["jobs"]["cancelled_before_start"]
+    assert "cancelled before start" not in render_report(old, None, "old")
+
+
 def test_fmt_duration_like_the_guide():
     assert fmt_duration(12 * 60) == "12 min"
     assert fmt_duration(2.1 * 3600) == "2.1 hr"

@@ -17,6 +17,7 @@ from rm_replay.inventory import (
     load_inventory,
 )
 from rm_replay.model import (
+    CancelEvent,
     CompleteEvent,
     InventoryError,
     ReplayInputError,
@@ -146,7 +147,10 @@ def test_blank_comment_and_meta_lines_are_skipped() -> None:
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "JSON object"),
-        ('{"ts": 0, "type": "cancel"}', "unknown event type"),
+        ('{"ts": 0, "type": "kill", "alloc_id": "a"}', "unknown event type"),
+        ('{"ts": 0, "type": "cancel"}', '"alloc_id"'),
+        ('{"ts": 0, "type": "cancel", "alloc_id": ""}', "alloc_id must not be empty"),
+        ('{"type": "cancel", "alloc_id": "a"}', 'missing "ts"'),
         ('{"type": "submit", "alloc": {"tenant": "t"}}', 'missing "ts"'),
         ('{"ts": 0, "type": "submit", "alloc": {"nodes": 2}}', "tenant"),
         ('{"ts": 0, "type": "submit", "alloc": {"tenant": "t", "nodes": 0}}', "nodes"),
@@ -253,6 +257,118 @@ def test_completions_without_a_submission_are_left_out(tmp_path: Path) -> None:
     assert load_trace(path) == events
 
 
+def test_cancel_lines() -> None:
+    assert parse_trace_line(
+        '{"ts": "2026-03-01T00:10:00Z", "type": "cancel", "alloc_id": "def-456"}', 4
+    ) == CancelEvent(t=T0 + 600, id="def-456")
+    # the same aliases as a complete event: "id", or an "alloc" object with one
+    assert parse_trace_line('{"ts": 5, "type": "cancel", "id": "x"}') == CancelEvent(t=5, id="x")
+    assert parse_trace_line('{"ts": 5, "type": "cancel", "alloc": {"id": "x"}}') == CancelEvent(
+        t=5, id="x"
+    )
+
+
+def test_a_cancel_without_alloc_id_renders_the_cancel_format(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"ts": 0, "type": "submit", "alloc": {"id": "a", "tenant": "t"}}\n'
+        '{"ts": 9, "type": "cancel"}\n'
+    )
+    with pytest.raises(TraceError) as e:
+        load_trace(path)
+    out = e.value.render()
+    assert out.startswith(f'Error: {path}:2: cancel event has no "alloc_id"')
+    assert (
+        '\nHint: A cancel event names a submitted allocation: {"ts": ..., "type": "cancel"' in out
+    )
+
+
+def test_cancels_round_trip_through_the_writer(tmp_path: Path) -> None:
+    events = [
+        SubmitEvent(t=T0, id="a", tenant="t", walltime=3600),
+        SubmitEvent(t=T0 + 1, id="b", tenant="t", walltime=60),
+        CancelEvent(t=T0 + 30, id="a"),
+        CancelEvent(t=T0 + 1.5, id="b"),  # not whole seconds: written as a number
+    ]
+    path = tmp_path / "t.jsonl"
+    write_trace(path, events)
+    assert load_trace(path) == events
+    lines = path.read_text().splitlines()
+    assert lines[2] == '{"ts":"2026-03-01T00:00:30Z","type":"cancel","alloc_id":"a"}'
+    assert lines[3] == f'{{"ts":{T0 + 1.5},"type":"cancel","alloc_id":"b"}}'
+    assert parse_trace_line(dump_trace_line(events[2])) == events[2]
+
+
+@pytest.mark.parametrize(
+    ("lines", "bad_line", "needle"),
+    [
+        (  # no submit at all
+            ['{"ts": 10, "type": "cancel", "alloc_id": "ghost"}'],
+            1,
+            "cancel of allocation 'ghost', which the trace never submits",
+        ),
+        (  # a submit of another allocation
+            [
+                '{"ts": 0, "type": "submit", "alloc": {"id": "a", "tenant": "t"}}',
+                "",
+                '{"ts": 10, "type": "cancel", "alloc_id": "b"}',
+            ],
+            3,
+            "cancel of allocation 'b', which the trace never submits",
+        ),
+        (  # earlier than its submission (wherever the lines are)
+            [
+                '{"ts": "2026-03-01T00:00:05Z", "type": "cancel", "alloc_id": "a"}',
+                '{"ts": "2026-03-01T00:01:00Z", "type": "submit", '
+                '"alloc": {"id": "a", "tenant": "t", "walltime": 60}}',
+            ],
+            1,
+            "allocation 'a' is cancelled at 2026-03-01T00:00:05Z, before its submission at "
+            "2026-03-01T00:01:00Z",
+        ),
+        (
+            [
+                '{"ts": 0, "type": "submit", "alloc": {"id": "a", "tenant": "t"}}',
+                '{"ts": 5, "type": "cancel", "alloc_id": "a"}',
+                '{"ts": 6, "type": "cancel", "alloc_id": "a"}',
+            ],
+            3,
+            "allocation 'a' is cancelled twice",
+        ),
+    ],
+)
+def test_inconsistent_cancels_name_the_file_and_line(
+    tmp_path: Path, lines: list[str], bad_line: int, needle: str
+) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError) as e:
+        load_trace(path)
+    assert str(e.value) == f"{path}:{bad_line}: {needle}"
+    assert e.value.line == bad_line
+    assert "\nHint: " in e.value.render()
+
+
+def test_a_cancel_at_its_submit_time_and_next_to_a_complete_is_fine(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"ts": 0, "type": "submit", "alloc": {"id": "a", "tenant": "t", "walltime": 60}}\n'
+        '{"ts": 0, "type": "cancel", "alloc_id": "a"}\n'
+        '{"ts": 1, "type": "submit", "alloc": {"id": "b", "tenant": "t"}}\n'
+        '{"ts": 9, "type": "complete", "alloc_id": "b", "duration": 30}\n'
+        '{"ts": 5, "type": "cancel", "alloc_id": "b"}\n'
+    )
+    events, orphans = read_trace(path)
+    assert orphans == []
+    assert [type(e).__name__ for e in events] == [
+        "SubmitEvent",
+        "CancelEvent",
+        "SubmitEvent",
+        "CompleteEvent",
+        "CancelEvent",
+    ]
+
+
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=4),
@@ -283,7 +399,7 @@ _keys = st.sampled_from(
 _shaped = st.fixed_dictionaries(
     {
         "ts": _json_values | st.just("2026-03-01T00:00:00Z"),
-        "type": st.sampled_from(["submit", "complete", "meta", "x"]),
+        "type": st.sampled_from(["submit", "complete", "cancel", "meta", "x"]),
     },
     optional={
         "alloc": st.dictionaries(_keys, _json_values, max_size=8),
@@ -309,7 +425,9 @@ def test_fuzz_any_line_parses_or_raises_a_trace_error(line: str | bytes) -> None
     except TraceError as e:
         assert isinstance(e, ValueError) and e.line == 1 and e.message
         return
-    assert ev is None or isinstance(ev, SubmitEvent | CompleteEvent)
+    assert ev is None or isinstance(ev, SubmitEvent | CompleteEvent | CancelEvent)
+    if isinstance(ev, CancelEvent):
+        assert ev.id and parse_trace_line(dump_trace_line(ev)) == ev
     if isinstance(ev, SubmitEvent):
         assert ev.nodes >= 1 and 0 <= ev.preemption_class <= 10 and math.isfinite(ev.t)
         assert parse_trace_line(dump_trace_line(ev)) == ev

@@ -38,6 +38,7 @@ import typer
 from rm_replay import __version__
 from rm_replay.model import (
     RESULT_FILE,
+    CancelEvent,
     ReplayInputError,
     SimulationResult,
     SubmitEvent,
@@ -494,9 +495,11 @@ def check_cmd(
                 trace, swf, cores_per_node, tenant_by, queue_map or [], default_vcluster
             )
             subs = [e for e in events if isinstance(e, SubmitEvent)]
+            cancels = sum(isinstance(e, CancelEvent) for e in events)
             span = (max(e.t for e in subs) - min(e.t for e in subs)) if subs else 0.0
             typer.echo(
-                f"trace {stem}: {len(subs)} submissions, {len(events) - len(subs)} completions, "
+                f"trace {stem}: {len(subs)} submissions, "
+                f"{len(events) - len(subs) - cancels} completions, {cancels} cancellations, "
                 f"{len({e.tenant for e in subs})} tenants, "
                 f"vClusters {sorted({e.vcluster or '(default)' for e in subs})}, "
                 f"arrivals over {span / 3600:.1f} h"

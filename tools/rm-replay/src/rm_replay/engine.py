@@ -27,7 +27,19 @@ scheduler) decides on it, and the engine applies the decision the way the quorum
   with probability ``checkpoint_success_rate``, drawn from
   ``random.Random(f"{seed}:{allocation}:{attempt}")`` (independent of event order):
   on success the work done before the preemption is kept, otherwise it is lost. A
-  victim whose run ends during its checkpoint simply ends.
+  victim whose run ends during its checkpoint simply ends;
+* **cancel** at the trace's cancel time (the user withdrew an allocation that never
+  started in the captured system): still Pending (also after a preemption and
+  requeue), it leaves the queue without running; running or checkpointing in the
+  replay (whose schedule differs from the live one), it ends then like a user's
+  cancel of a running job, its nodes freed and its node time counted up to the
+  cancel; both end in state ``cancelled``. One that already ended is left alone
+  (the cancel is dropped without advancing the clock). A cancel that frees nodes
+  pokes the scheduler, as a completion does; one that only removes a queue entry
+  does not (nor does it poke the live loop), and the next interval cycle sees the
+  shorter queue. Either bumps the state version, so no cycle is skipped as
+  unchanged. An allocation whose only outcome is its cancel (no complete event,
+  inline runtime or walltime) runs until the cancel.
 
 Speed: the mirror carries a scoring index (running GPU-hour sums, nodes held per
 tenant, free nodes per dragonfly group; ``cost.ScoringIndex``) so that scoring need
@@ -36,7 +48,12 @@ replay (node states, homes and capabilities never change here; owners are read
 live), so the solver's per-model caches carry over from cycle to cycle.
 
 Determinism: no wall clock in any decision, events ordered by (time, kind, sequence),
-every collection built in a fixed order; same inputs and seed -> the same result.
+with the kinds at equal times in the order end, checkpoint done, arrival, cancel: an
+allocation whose run ends at the cancel time ends on its own (the cancel finds it
+ended); one whose checkpoint finishes then is requeued first and then removed; one
+cancelled at its submit time arrives first and so is removed before any cycle (the
+cycle runs after every event at that time) could start it. Every collection is built
+in a fixed order; same inputs and seed -> the same result.
 Wall time is measured (``time.perf_counter``) only for :class:`CycleStat.duration_s`
 and ``wall_time_s``, which ``result.json`` leaves out.
 """
@@ -72,6 +89,7 @@ from lattice_scheduler.topology import TopologyModel
 from rm_replay import __version__
 from rm_replay.inventory import build_nodes, inventory_summary
 from rm_replay.model import (
+    CancelEvent,
     CompleteEvent,
     CycleStat,
     Inventory,
@@ -85,15 +103,16 @@ from rm_replay.model import (
 from rm_replay.policies import Decision, Placement, Policy, make_policy
 from rm_replay.weights import ANY_VCLUSTER, weights_for
 
-__all__ = ["DEFAULT_VCLUSTER", "Replay", "jobs_from_events", "simulate"]
+__all__ = ["DEFAULT_VCLUSTER", "Replay", "cancel_times", "jobs_from_events", "simulate"]
 
 DEFAULT_VCLUSTER = "default"
 INF = math.inf
 
-# event kinds, in the order they are handled at equal times
+# event kinds, in the order they are handled at equal times (module docstring)
 _END = 0
 _CHECKPOINT = 1
 _ARRIVAL = 2
+_CANCEL = 3
 
 
 class _ScoringIndex:
@@ -174,6 +193,7 @@ class _Job:
         "alloc",
         "backfilled",
         "borrow_homes",
+        "cancel_at",
         "ckpt_att",
         "ckpt_ok",
         "conformance_fitness",
@@ -189,24 +209,39 @@ class _Job:
         "key",
         "least",
         "node_seconds",
+        "open_ended",
         "outcome",
         "preempted_at",
         "preempted_count",
+        "released",
         "remaining",
         "run_start",
         "runtime",
         "vc",
     )
 
-    def __init__(self, ev: SubmitEvent, alloc: Allocation, runtime: float, exit_code: int) -> None:
+    def __init__(
+        self,
+        ev: SubmitEvent,
+        alloc: Allocation,
+        runtime: float,
+        exit_code: int,
+        cancel_at: float | None = None,
+        open_ended: bool = False,
+    ) -> None:
         self.ev = ev
         self.alloc = alloc
         self.vc = alloc.spec.vcluster
         self.runtime = runtime
         self.remaining = runtime
         self.exit = exit_code
+        # the trace's cancel time; open_ended: no outcome but the cancel (no end
+        # event: it runs until the cancel)
+        self.cancel_at = cancel_at
+        self.open_ended = open_ended
         self.first_start: float | None = None
         self.run_start = 0.0
+        self.released = 0.0  # when it last released its nodes
         self.end: float | None = None
         self.outcome = "unfinished"
         self.backfilled = False
@@ -228,13 +263,39 @@ class _Job:
         self.least = alloc.spec.min_nodes or max(1, alloc.spec.nodes)
 
 
+def cancel_times(events: Iterable[TraceEvent]) -> dict[str, float]:
+    """Allocation id -> the time of its cancel event. A cancel of an allocation the
+    events never submit, or submit only after the cancel, or a second cancel, is a
+    :class:`TraceError` (``trace.check_trace`` names the line when loading a file)."""
+    submitted: dict[str, float] = {}
+    cancels: list[CancelEvent] = []
+    for ev in events:
+        if isinstance(ev, SubmitEvent):
+            submitted.setdefault(ev.id, ev.t)
+        elif isinstance(ev, CancelEvent):
+            cancels.append(ev)
+    out: dict[str, float] = {}
+    for c in cancels:
+        if c.id not in submitted:
+            raise TraceError(f"cancel of allocation {c.id!r}, which the trace never submits")
+        if c.t < submitted[c.id]:
+            raise TraceError(f"allocation {c.id!r} is cancelled before its submission")
+        if c.id in out:
+            raise TraceError(f"allocation {c.id!r} is cancelled twice")
+        out[c.id] = c.t
+    return out
+
+
 def jobs_from_events(
     events: Iterable[TraceEvent], *, default_vcluster: str = DEFAULT_VCLUSTER
 ) -> list[tuple[SubmitEvent, Allocation, float, int]]:
     """(submit, Pending allocation, actual runtime, exit) per submission, in arrival
     order (submit time, then trace order). Complete events supply runtime and exit
     (wherever they are in the trace; one for an allocation never submitted is
-    ignored); without one the submit's inline runtime, else the walltime."""
+    ignored); without one the submit's inline runtime, else the walltime, else, for
+    an allocation with a cancel event, the time from its submission to the cancel
+    (it runs until cancelled)."""
+    events = list(events)
     submits: dict[str, SubmitEvent] = {}
     order: dict[str, int] = {}
     completes: dict[str, CompleteEvent] = {}
@@ -246,8 +307,9 @@ def jobs_from_events(
             order[ev.id] = i
         elif isinstance(ev, CompleteEvent):
             completes[ev.id] = ev  # matched below; one with no submit is ignored
-        else:  # pragma: no cover - typed input
+        elif not isinstance(ev, CancelEvent):  # pragma: no cover - typed input
             raise TypeError(f"not a trace event: {ev!r}")
+    cancels = cancel_times(events)
     out: list[tuple[SubmitEvent, Allocation, float, int]] = []
     for aid in sorted(submits, key=lambda x: (submits[x].t, order[x])):
         ev = submits[aid]
@@ -258,6 +320,8 @@ def jobs_from_events(
             runtime, exit_code = ev.runtime, ev.exit
         elif ev.walltime > 0:
             runtime, exit_code = ev.walltime, ev.exit
+        elif aid in cancels:
+            runtime, exit_code = cancels[aid] - ev.t, ev.exit
         else:
             raise TraceError(
                 f"allocation {aid!r} has no runtime: no complete event, no inline runtime "
@@ -368,10 +432,20 @@ class Replay:
                     free_by_group[gcell] = free_by_group.get(gcell, 0) + 1
 
         # --- the workload
+        trace_events = list(trace_events)
         entries = jobs_from_events(trace_events, default_vcluster=default_vcluster)
+        cancels = cancel_times(trace_events)
+        completed = {ev.id for ev in trace_events if isinstance(ev, CompleteEvent)}
         self.jobs: dict[str, _Job] = {}
         for ev, alloc, runtime, exit_code in entries:
-            self.jobs[alloc.id] = _Job(ev, alloc, runtime, exit_code)
+            cancel_at = cancels.get(alloc.id)
+            open_ended = (
+                cancel_at is not None
+                and alloc.id not in completed
+                and ev.runtime is None
+                and ev.walltime <= 0
+            )
+            self.jobs[alloc.id] = _Job(ev, alloc, runtime, exit_code, cancel_at, open_ended)
         self.arrival_order = [alloc.id for _, alloc, _, _ in entries]
 
         # --- tenants and vClusters
@@ -455,6 +529,10 @@ class Replay:
         wall0 = time.perf_counter()
         for aid in self.arrival_order:
             self._push(self.jobs[aid].alloc.submitted_at, _ARRIVAL, aid)
+        for aid in self.arrival_order:
+            cancel_at = self.jobs[aid].cancel_at
+            if cancel_at is not None:
+                self._push(cancel_at, _CANCEL, aid)
         start = self.heap[0][0] if self.heap else 0.0
         self.start_time = start
         next_sample_k = 0
@@ -462,7 +540,16 @@ class Replay:
         last_cycle_changes = -1
         t = start
         heap = self.heap
+        jobs = self.jobs
         while True:
+            # a cancel of an allocation that already ended does nothing, nor do the end
+            # and checkpoint events of a cancelled one: drop them rather than let them
+            # carry the replay (and its samples) on to their time
+            while heap and (
+                (heap[0][1] == _CANCEL and jobs[heap[0][3]].end is not None)
+                or (heap[0][1] != _ARRIVAL and jobs[heap[0][3]].outcome == "cancelled")
+            ):
+                heapq.heappop(heap)
             t_ev = heap[0][0] if heap else INF
             # interval cycles while work is pending; once no event is left (nothing
             # runs), one more for arrivals no cycle has seen, then the replay is over
@@ -489,8 +576,10 @@ class Replay:
                     self._arrive(t, aid)
                 elif kind == _END:
                     self._end(t, aid, gen)
-                else:
+                elif kind == _CHECKPOINT:
                     self._checkpoint_done(t, aid, gen)
+                else:
+                    self._cancel(t, aid)
             if next_tick < t:  # interval cycles passed while nothing was pending
                 next_tick += math.ceil((t - next_tick) / self.cycle_interval) * self.cycle_interval
             if self.poked or t >= next_tick:
@@ -553,6 +642,8 @@ class Replay:
             del classes[c]
 
     def _schedule_end(self, t: float, job: _Job) -> None:
+        if job.open_ended:
+            return  # no outcome but its cancel (and no walltime): it runs until then
         w = job.alloc.spec.walltime_seconds
         run = w if (w > 0 and job.remaining > w) else job.remaining
         self._push(t + run, _END, job.alloc.id, job.gen)
@@ -617,12 +708,46 @@ class Replay:
         self.running -= 1
         self.poked = True
 
+    def _cancel(self, t: float, aid: str) -> None:
+        """The trace's cancel: a Pending allocation leaves the queue; a running (or
+        checkpointing) one ends now, its nodes freed; an ended one is left alone."""
+        job = self.jobs[aid]
+        a = job.alloc
+        if job.end is not None or aid not in self.m.allocations:
+            return  # already ended (or, impossibly, not arrived)
+        self.version += 1
+        self.changes += 1
+        if a.state == AllocationState.PENDING:
+            self._dequeue(job)
+            # end: when it last released nodes (before a preemption), else the cancel.
+            # No poke: nothing was freed, and the live loop is not poked for a
+            # cancelled queue entry either; the next cycle sees the shorter queue.
+            job.end = t if job.first_start is None else job.released
+        elif a.state in (AllocationState.RUNNING, AllocationState.CHECKPOINTING):
+            self._release(t, job, was_running=a.state == AllocationState.RUNNING)
+            del self.m.holding[aid]
+            self.index.unhold(aid)
+            self.running -= 1
+            job.end = t
+            self.poked = True  # freed nodes: the live loop's poke, as for a completion
+        else:  # pragma: no cover - the replay has no other live states
+            return
+        a.state = AllocationState.CANCELLED
+        a.finished_at = t
+        a.exit_code = None
+        a.reason = "cancelled"
+        if not self.keep_history:
+            del self.m.allocations[aid]
+        job.gen += 1  # its end / checkpoint events are void now
+        job.outcome = "cancelled"
+
     # ------------------------------------------------------------------ nodes
 
     def _release(self, t: float, job: _Job, *, was_running: bool) -> None:
         a = job.alloc
         nodes = self.m.nodes
         dt = t - job.run_start
+        job.released = t
         job.node_seconds += dt * len(a.assigned_nodes)
         job.gpu_seconds += dt * job.gpus
         for nid in a.assigned_nodes:
@@ -907,7 +1032,7 @@ class Replay:
             ):
                 node_s += (end - job.run_start) * len(a.assigned_nodes)
                 gpu_s += (end - job.run_start) * job.gpus
-            if job.end is not None:
+            if job.end is not None and job.first_start is not None:  # ran: did work
                 last_end = job.end if last_end is None else max(last_end, job.end)
             ev = job.ev
             records.append(

@@ -21,12 +21,23 @@ from ``start`` of the held time beyond the last run (exact for one preemption).
 Intervals serve the time-resolved metrics (fairness window, ramp-up, idle time);
 totals use the engine's exact ``node_seconds`` / ``gpu_seconds``.
 
+Cancelled before start.  A job the trace's cancel event removed from the queue
+before it ever started in the replay (state ``cancelled``, no ``start``): the user
+withdrew it, so it is no starvation. It is left out of the wait statistics (overall,
+per class, sensitive), SLO compliance and bounded slowdown, and counted in
+``jobs.cancelled_before_start``, next to ``never_started`` (``total`` = ``started`` +
+``never_started`` + ``cancelled_before_start``). It holds no nodes; it counts as
+waiting from its submission to the cancel (its ``end``) for the idle-while-pending
+sweep, and its fairness demand is capped at that time. A job cancelled after it
+started is an ordinary started job (its wait is ``start - submit``).
+
 * **Utilization**: node-hours (GPU-hours) used / available: used = sum of the jobs'
   ``node_seconds`` (``gpu_seconds``), available = inventory nodes (GPUs) x makespan.
-* **Wait**: ``start - submit`` (the first start). A job that never started is
-  *censored*: its wait counts as ``window end - submit`` (a lower bound), so
-  starvation shows in the tail instead of vanishing; ``never_started`` counts them.
-  p50 / p95 / p99 by linear interpolation, overall and per preemption class.
+* **Wait**: ``start - submit`` (the first start). A job that never started (and was
+  not cancelled before it started) is *censored*: its wait counts as ``window end -
+  submit`` (a lower bound), so starvation shows in the tail instead of vanishing;
+  ``never_started`` counts them. p50 / p95 / p99 by linear interpolation, overall and
+  per preemption class.
 * **Bounded slowdown**: ``max(1, (wait + run) / max(run, 10 s))`` per finished job
   (``run`` = ``end - start``), mean / p50 / p99 / max.
 * **Makespan**: ``result.makespan``.
@@ -38,8 +49,9 @@ totals use the engine's exact ``node_seconds`` / ``gpu_seconds``.
   ``fair_share_targets[tenant]`` normalised over the tenants that submitted work (no
   targets at all: equal; a tenant without a target is listed, not scored); *demand* =
   node-hours its jobs submitted in the window could have run inside it (runtime capped
-  at walltime and at the time from submission to the window's end: a job submitted an
-  hour before the end cannot have been owed six hours of it); *fair
+  at walltime, at the time from submission to the window's end: a job submitted an
+  hour before the end cannot have been owed six hours of it, and for a cancelled job
+  at the time from submission to its ``end``); *fair
   share* = the demand-aware entitlement (:func:`entitlements`): the node-hours used in
   the window divided by weighted water-filling with the targets as weights, no tenant
   above its demand, so capacity a tenant does not ask for goes to the others and is
@@ -57,8 +69,9 @@ totals use the engine's exact ``node_seconds`` / ``gpu_seconds``.
   opportunity). In words: of all node-time that was free while work waited -- the
   holes a backfilling scheduler can fill, counting those it did fill -- the fraction
   that backfilled jobs filled. 0 when there were no such holes.
-* **SLO compliance**: share of submitted jobs whose wait <= ``slo_wait_s`` (default
-  1 h); a never-started job counts as a miss.
+* **SLO compliance**: share of submitted jobs (not counting those cancelled before
+  they started) whose wait <= ``slo_wait_s`` (default 1 h); a never-started job
+  counts as a miss.
 * **Preemptions per hour**: sum of ``preempted_count`` / makespan in hours.
 * **Checkpoint success rate**: sum of ``checkpoints_succeeded`` / sum of
   ``checkpoints_attempted`` (``None`` when none were attempted).
@@ -227,11 +240,20 @@ def _held_seconds(job: Any, t_end: float) -> tuple[float, float]:
     return length * nodes, length * nodes * int(_get(job, "gpus_per_node", 0) or 0)
 
 
+def cancelled_before_start(job: Any) -> bool:
+    """The job was cancelled (the trace's cancel event) before it ever started."""
+    return _get(job, "state") == "cancelled" and _get(job, "start") is None
+
+
 def job_wait(job: Any, t_end: float) -> tuple[float, bool]:
     """(wait seconds, censored): ``start - submit``, or ``t_end - submit`` if never
-    started."""
+    started (for a job cancelled before it started: its time in the queue, ``end -
+    submit``; :func:`metrics_dict` leaves such jobs out of the wait statistics)."""
     start = _get(job, "start")
     if start is None:
+        end = _get(job, "end")
+        if cancelled_before_start(job) and end is not None:
+            return max(0.0, min(float(end), t_end) - float(job.submit)), True
         return max(0.0, t_end - float(job.submit)), True
     return max(0.0, float(start) - float(job.submit)), False
 
@@ -256,9 +278,12 @@ def _sweep_events(jobs: Sequence[Any], t_end: float) -> list[tuple[float, int, i
                 events.append((prev, 0, 1))
                 events.append((s, 0, -1))
             prev = e
-        if not ivs and t_end > prev:
+        stop = t_end
+        if not ivs and cancelled_before_start(j) and j.end is not None:
+            stop = min(t_end, float(j.end))  # waited until the cancel
+        if not ivs and stop > prev:
             events.append((prev, 0, 1))
-            events.append((t_end, 0, -1))
+            events.append((stop, 0, -1))
     events.sort(key=lambda ev: (ev[0], ev[1] > 0, ev[2] > 0))
     return events
 
@@ -375,6 +400,8 @@ def fairness(result: Any, *, mode: str = "submission") -> dict[str, Any]:
             run = float(j.runtime or 0.0)
             if j.walltime:
                 run = min(run, float(j.walltime))
+            if _get(j, "state") == "cancelled" and j.end is not None:
+                run = min(run, max(0.0, float(j.end) - float(j.submit)))
             # what the job could have run inside the window had it started at once
             run = min(run, hi - float(j.submit))
             demand[j.tenant] = demand.get(j.tenant, 0.0) + run * int(j.nodes)
@@ -455,8 +482,12 @@ def metrics_dict(
     by_class: dict[Any, list[float]] = {}
     sens: list[float] = []
     never = 0
+    withdrawn = 0
     slo_ok = 0
     for j in jobs:
+        if cancelled_before_start(j):
+            withdrawn += 1
+            continue
         w, censored = job_wait(j, t_end)
         never += censored
         waits.append(w)
@@ -499,8 +530,9 @@ def metrics_dict(
         },
         "jobs": {
             "total": len(jobs),
-            "started": len(jobs) - never,
+            "started": len(jobs) - never - withdrawn,
             "never_started": never,
+            "cancelled_before_start": withdrawn,
             "states": {k: states[k] for k in sorted(states)},
         },
         "utilization": {
@@ -534,7 +566,7 @@ def metrics_dict(
         "slo": {
             "target_wait_s": rnd(slo_wait_s),
             "compliant_jobs": slo_ok,
-            "compliance": rnd(slo_ok / len(jobs) if jobs else 1.0),
+            "compliance": rnd(slo_ok / (len(jobs) - withdrawn) if len(jobs) > withdrawn else 1.0),
         },
         "preemption": {
             "total": preempted,

@@ -20,6 +20,7 @@ import msgspec
 
 __all__ = [
     "JOB_STATES",
+    "CancelEvent",
     "CompleteEvent",
     "CycleStat",
     "Inventory",
@@ -95,7 +96,8 @@ class TraceError(ReplayInputError):
     default_hint = (
         'Each trace line is one JSON object: {"ts": ..., "type": "submit", "alloc": {"id": ..., '
         '"tenant": ..., "nodes": N, "walltime": "2h", ...}} or {"ts": ..., "type": "complete", '
-        '"alloc_id": ..., "duration": "1h", "exit": 0} (see tools/rm-replay/README.md).'
+        '"alloc_id": ..., "duration": "1h", "exit": 0} or {"ts": ..., "type": "cancel", '
+        '"alloc_id": ...} (see tools/rm-replay/README.md).'
     )
 
 
@@ -174,7 +176,22 @@ class CompleteEvent(msgspec.Struct, kw_only=True, frozen=True, tag="complete", t
     exit: int = 0
 
 
-TraceEvent = SubmitEvent | CompleteEvent
+class CancelEvent(msgspec.Struct, kw_only=True, frozen=True, tag="cancel", tag_field="type"):
+    """The user cancelled the allocation at ``t`` in the captured system, before it ever
+    started there (an allocation cancelled while running has a :class:`CompleteEvent`).
+
+    The replay applies it at ``t``, which must not be before the submission: still
+    Pending then (also when requeued after a preemption), the allocation leaves the
+    queue without running; already running or checkpointing in the replay (whose
+    schedule differs from the live one), it is ended at ``t`` like a user's cancel of a
+    running job, its nodes freed; already ended, nothing happens. Its final state is
+    ``cancelled`` unless it had ended (see :mod:`rm_replay.engine`)."""
+
+    t: float
+    id: str
+
+
+TraceEvent = SubmitEvent | CompleteEvent | CancelEvent
 
 
 # --------------------------------------------------------------------------- inventory
@@ -234,7 +251,7 @@ class Inventory(msgspec.Struct, kw_only=True, frozen=True):
 
 # --------------------------------------------------------------------------- result
 
-JOB_STATES = ("completed", "walltime_exceeded", "failed", "unfinished")
+JOB_STATES = ("completed", "walltime_exceeded", "failed", "cancelled", "unfinished")
 
 
 class JobRecord(msgspec.Struct, kw_only=True):
@@ -242,10 +259,15 @@ class JobRecord(msgspec.Struct, kw_only=True):
 
     ``submit``: original submit time (kept across preemptions). ``start``: first time
     it got nodes (None = never). ``end``: when it finally released them (None = still
-    pending or running when the replay stopped). ``runtime``: the actual run time from
-    the trace; ``walltime``: the request (0 = none). ``state``: ``completed`` (exit 0),
-    ``failed`` (non-zero exit), ``walltime_exceeded`` (killed at start + walltime),
-    ``unfinished``. ``backfilled``: its first start jumped a higher-ranked blocked
+    pending or running when the replay stopped; for an allocation the trace's cancel
+    event removed from the queue before it ever started: the cancel time).
+    ``runtime``: the actual run time from the trace (an allocation with a cancel event
+    but no complete event, inline runtime or walltime: from its submission to the
+    cancel; it runs until cancelled). ``walltime``: the request (0 = none). ``state``:
+    ``completed`` (exit 0), ``failed`` (non-zero exit), ``walltime_exceeded`` (killed
+    at start + walltime), ``cancelled`` (by the trace's cancel event: while it held
+    nodes, ``end`` = the cancel time; while Pending, ``start`` None unless a run before
+    a preemption, whose release is then ``end``), ``unfinished``. ``backfilled``: its first start jumped a higher-ranked blocked
     allocation. ``gpus_per_node``: GPUs of the nodes it held (whole-node allocation),
     or of its request when it never ran. ``node_seconds`` / ``gpu_seconds``: resources
     held over all its runs (checkpointing included). ``last_start``: start of its last

@@ -86,6 +86,8 @@ def plot_wait_cdf(result: Any, path: Path) -> None:
     _, t_end = M.window(result)
     by_class: dict[Any, list[float]] = {}
     for j in jobs:
+        if M.cancelled_before_start(j):
+            continue  # withdrawn by its user: not a wait (as in the metrics)
         w, _ = M.job_wait(j, t_end)
         by_class.setdefault(j.preemption_class, []).append(w / 60.0)
     fig = Figure(figsize=_SIZE)

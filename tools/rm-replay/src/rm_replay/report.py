@@ -131,6 +131,9 @@ def render_report(metrics: Mapping[str, Any], wall: Mapping[str, Any] | None, na
     ]
     if jobs["never_started"]:
         lines.append(f"  never started: {jobs['never_started']} (counted with their wait so far)")
+    withdrawn = jobs.get("cancelled_before_start", 0)
+    if withdrawn:
+        lines.append(f"  cancelled before start: {withdrawn} (left out: withdrawn by the user)")
     lines.append("  By preemption class:")
     lines.append(f"    {'class':<20} {'jobs':>6} {'p50':>9} {'p95':>9} {'p99':>9}")
     for c, s in wait["by_class"].items():
@@ -178,7 +181,8 @@ def render_report(metrics: Mapping[str, Any], wall: Mapping[str, Any] | None, na
     lines += [
         "",
         f"SLO Compliance (wait <= {fmt_duration(slo['target_wait_s'])}):",
-        f"  {fmt_pct(slo['compliance'])} ({slo['compliant_jobs']:,} / {jobs['total']:,} jobs)",
+        f"  {fmt_pct(slo['compliance'])} ({slo['compliant_jobs']:,} / "
+        f"{jobs['total'] - withdrawn:,} jobs)",
         "",
         "Preemptions:",
         f"  Total: {pre['total']:,} ({fmt_num(pre['per_hour'], 2)} per hour, "

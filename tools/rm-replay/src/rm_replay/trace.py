@@ -7,6 +7,7 @@ One event per line::
      "priority": 4}}
     {"ts": "2026-03-01T00:00:05Z", "type": "complete", "alloc_id": "abc-123",
      "duration": "68h", "exit": 0}
+    {"ts": "2026-03-01T00:10:00Z", "type": "cancel", "alloc_id": "def-456"}
 
 * ``ts``: ISO 8601 (``Z`` or an offset; no offset = UTC) or a number of seconds since
   the Unix epoch.
@@ -21,6 +22,12 @@ One event per line::
   ``constraints`` object (``gpu_type``, ``gpu_count``, ``features``, ``memory_gb``,
   ``topology``) is read too. Other keys are ignored.
 * complete: ``alloc_id`` (or ``id``), ``duration`` (required), ``exit`` (default 0).
+* cancel: ``alloc_id`` (or ``id``; required): the user cancelled the allocation at
+  ``ts``, before it ever started in the captured system (one cancelled while running
+  has a complete event instead). Its submission must be in the trace, no later than
+  ``ts``, and an allocation is cancelled at most once. (May be combined with a
+  complete event or an inline runtime for the same allocation: that is how long it
+  runs if the replay starts it before the cancel.)
 * durations: a number of seconds, ``90s`` / ``30m`` / ``72h`` / ``1d`` (decimals allowed:
   ``1.5h``), or ``HH:MM:SS`` / ``D-HH:MM:SS`` / ``MM:SS``.
 * blank lines and lines starting with ``#`` are skipped; ``"type": "meta"`` lines too;
@@ -35,7 +42,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,7 +51,7 @@ import msgspec
 from lattice_common.duration import parse_duration
 from lattice_common.errors import LatticeError
 
-from rm_replay.model import CompleteEvent, SubmitEvent, TraceError, TraceEvent
+from rm_replay.model import CancelEvent, CompleteEvent, SubmitEvent, TraceError, TraceEvent
 
 __all__ = [
     "MAX_NODES",
@@ -73,8 +80,13 @@ _MAX_ID = 256
 _DURATION_HINT = "Use seconds (a number) or a duration like 90s, 30m, 1.5h, 72h, 1d or HH:MM:SS."
 _TS_HINT = 'Use an ISO 8601 time ("2026-03-01T00:00:01Z") or seconds since the Unix epoch.'
 _LINE_HINT = (
-    'Each line is one JSON object: {"ts": ..., "type": "submit", "alloc": {...}} or '
-    '{"ts": ..., "type": "complete", "alloc_id": ..., "duration": ..., "exit": 0}.'
+    'Each line is one JSON object: {"ts": ..., "type": "submit", "alloc": {...}}, '
+    '{"ts": ..., "type": "complete", "alloc_id": ..., "duration": ..., "exit": 0} or '
+    '{"ts": ..., "type": "cancel", "alloc_id": ...}.'
+)
+_CANCEL_HINT = (
+    'A cancel event names a submitted allocation: {"ts": ..., "type": "cancel", '
+    '"alloc_id": "<the id of its submit event>"}, no earlier than that submission.'
 )
 _DECIMAL_UNIT = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([smhd])$")
 _UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -280,11 +292,22 @@ def _submit(obj: dict[str, Any], t: float, line_no: int) -> SubmitEvent:
     )
 
 
-def _complete(obj: dict[str, Any], t: float) -> CompleteEvent:
+def _event_alloc_id(obj: dict[str, Any], kind: str) -> str:
     aid = _first(obj, "alloc_id", "id")
     if aid is None and isinstance(obj.get("alloc"), dict):
         aid = _first(obj["alloc"], "id", "alloc_id")
-    aid = _str(aid, "alloc_id", required=True)
+    if aid is None:
+        raise TraceError(
+            f'{kind} event has no "alloc_id"',
+            hint=_CANCEL_HINT
+            if kind == "cancel"
+            else 'Add "alloc_id": the id of the allocation\'s submit event.',
+        )
+    return _str(aid, "alloc_id", required=True)
+
+
+def _complete(obj: dict[str, Any], t: float) -> CompleteEvent:
+    aid = _event_alloc_id(obj, "complete")
     dur = obj.get("duration")
     if dur is None:
         raise TraceError(
@@ -294,6 +317,10 @@ def _complete(obj: dict[str, Any], t: float) -> CompleteEvent:
     return CompleteEvent(
         t=t, id=aid, duration=parse_duration_value(dur, "duration"), exit=_exit(obj.get("exit"))
     )
+
+
+def _cancel(obj: dict[str, Any], t: float) -> CancelEvent:
+    return CancelEvent(t=t, id=_event_alloc_id(obj, "cancel"))
 
 
 def parse_trace_line(line: str | bytes, line_no: int = 0) -> TraceEvent | None:
@@ -323,26 +350,36 @@ def _parse_line(line: str | bytes, line_no: int) -> TraceEvent | None:
     kind = obj.get("type", obj.get("event"))
     if kind == "meta":
         return None
-    if kind not in ("submit", "complete"):
+    if kind not in ("submit", "complete", "cancel"):
         raise TraceError(
-            f'unknown event type {kind!r} (expected "submit" or "complete")', hint=_LINE_HINT
+            f'unknown event type {kind!r} (expected "submit", "complete" or "cancel")',
+            hint=_LINE_HINT,
         )
     ts = _first(obj, "ts", "t", "time")
     if ts is None:
         raise TraceError('missing "ts"', hint=_TS_HINT)
     t = parse_ts(ts)
-    return _submit(obj, t, line_no) if kind == "submit" else _complete(obj, t)
+    if kind == "submit":
+        return _submit(obj, t, line_no)
+    return _complete(obj, t) if kind == "complete" else _cancel(obj, t)
 
 
-def iter_trace(lines: Iterable[str | bytes], *, path: str | None = None) -> Iterator[TraceEvent]:
-    """Events from trace lines (numbered from 1 in errors)."""
+def _iter_numbered(
+    lines: Iterable[str | bytes], path: str | None
+) -> Iterator[tuple[int, TraceEvent]]:
     for n, line in enumerate(lines, 1):
         try:
             ev = parse_trace_line(line, n)
         except TraceError as e:
             raise e.at(path=path) from None
         if ev is not None:
-            yield ev
+            yield n, ev
+
+
+def iter_trace(lines: Iterable[str | bytes], *, path: str | None = None) -> Iterator[TraceEvent]:
+    """Events from trace lines (numbered from 1 in errors)."""
+    for _, ev in _iter_numbered(lines, path):
+        yield ev
 
 
 def load_trace(path: str | Path) -> list[TraceEvent]:
@@ -354,26 +391,37 @@ def load_trace(path: str | Path) -> list[TraceEvent]:
 def read_trace(path: str | Path) -> tuple[list[TraceEvent], list[str]]:
     """(events, ids of the completions left out) of a JSON-lines trace file.
 
-    Checked for consistency: submit ids are unique and no allocation completes twice.
-    A completion whose allocation the trace never submits is left out rather than an
+    Checked for consistency (:func:`check_trace`): submit ids are unique, no allocation
+    completes or is cancelled twice, and every cancel names an allocation submitted
+    in the trace no later than the cancel (errors name the cancel's line). A
+    completion whose allocation the trace never submits is left out rather than an
     error: a captured trace (``scheduling.trace_capture``) starts with the work already
     running when capture began, whose submissions it does not have."""
     p = Path(path)
     with p.open("rb") as f:
-        events = list(iter_trace(f, path=str(p)))
-    orphans = check_trace(events, path=str(p))
+        numbered = list(_iter_numbered(f, str(p)))
+    events = [ev for _, ev in numbered]
+    orphans = check_trace(events, path=str(p), line_numbers=[n for n, _ in numbered])
     if orphans:
         drop = set(orphans)
         events = [e for e in events if not (isinstance(e, CompleteEvent) and e.id in drop)]
     return events, orphans
 
 
-def check_trace(events: Iterable[TraceEvent], *, path: str | None = None) -> list[str]:
-    """Raise :class:`TraceError` for duplicate submit ids or repeated completions;
-    return the ids of completions whose allocation is never submitted."""
+def check_trace(
+    events: Iterable[TraceEvent],
+    *,
+    path: str | None = None,
+    line_numbers: Sequence[int] | None = None,
+) -> list[str]:
+    """Raise :class:`TraceError` for duplicate submit ids, repeated completions or
+    cancels, and cancels of allocations the trace never submits or submits only after
+    the cancel; return the ids of completions whose allocation is never submitted.
+    ``line_numbers``: each event's line, to name it in the error."""
     events = list(events)
-    seen: set[str] = set()
+    seen: dict[str, float] = {}
     done: set[str] = set()
+    cancelled: set[str] = set()
     for ev in events:
         if isinstance(ev, SubmitEvent):
             if ev.id in seen:
@@ -382,10 +430,35 @@ def check_trace(events: Iterable[TraceEvent], *, path: str | None = None) -> lis
                     hint="Allocation ids must be unique within a trace.",
                     path=path,
                 )
-            seen.add(ev.id)
+            seen[ev.id] = ev.t
     orphans: list[str] = []
-    for ev in events:
-        if isinstance(ev, CompleteEvent):
+    for i, ev in enumerate(events):
+        if isinstance(ev, CancelEvent):
+            line = line_numbers[i] if line_numbers is not None else None
+            if ev.id not in seen:
+                raise TraceError(
+                    f"cancel of allocation {ev.id!r}, which the trace never submits",
+                    hint=_CANCEL_HINT,
+                    path=path,
+                    line=line,
+                )
+            if ev.t < seen[ev.id]:
+                raise TraceError(
+                    f"allocation {ev.id!r} is cancelled at {format_ts(ev.t)}, before its "
+                    f"submission at {format_ts(seen[ev.id])}",
+                    hint=_CANCEL_HINT,
+                    path=path,
+                    line=line,
+                )
+            if ev.id in cancelled:
+                raise TraceError(
+                    f"allocation {ev.id!r} is cancelled twice",
+                    hint="Keep one cancel event per allocation.",
+                    path=path,
+                    line=line,
+                )
+            cancelled.add(ev.id)
+        elif isinstance(ev, CompleteEvent):
             if ev.id in done:
                 raise TraceError(
                     f"allocation {ev.id!r} completes twice",
@@ -420,6 +493,8 @@ def format_seconds(seconds: float) -> str | float:
 
 
 def _event_obj(ev: TraceEvent) -> dict[str, Any]:
+    if isinstance(ev, CancelEvent):
+        return {"ts": format_ts(ev.t), "type": "cancel", "alloc_id": ev.id}
     if isinstance(ev, CompleteEvent):
         return {
             "ts": format_ts(ev.t),
