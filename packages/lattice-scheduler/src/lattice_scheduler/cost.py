@@ -137,18 +137,8 @@ burst allowance a tenant scores like one with an exhausted budget: effective sta
 while anyone else waits, never a hard block (soft quotas "influence scheduling score
 but don't hard-block")."""
 
-FACTOR_NAMES: tuple[str, ...] = (
-    "priority",
-    "wait_time",
-    "fair_share",
-    "topology",
-    "data_readiness",
-    "backlog",
-    "energy",
-    "checkpoint_efficiency",
-    "conformance",
-)
-"""f1..f9 in order; also the CostWeights field names w1..w9."""
+FACTOR_NAMES: tuple[str, ...] = CostWeights.__struct_fields__
+"""f1..f9 in order: the CostWeights field names w1..w9."""
 
 _SHORT_NAMES: tuple[str, ...] = (
     "priority",

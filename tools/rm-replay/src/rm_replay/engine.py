@@ -287,14 +287,18 @@ def cancel_times(events: Iterable[TraceEvent]) -> dict[str, float]:
 
 
 def jobs_from_events(
-    events: Iterable[TraceEvent], *, default_vcluster: str = DEFAULT_VCLUSTER
+    events: Iterable[TraceEvent],
+    *,
+    default_vcluster: str = DEFAULT_VCLUSTER,
+    cancels: Mapping[str, float] | None = None,
 ) -> list[tuple[SubmitEvent, Allocation, float, int]]:
     """(submit, Pending allocation, actual runtime, exit) per submission, in arrival
     order (submit time, then trace order). Complete events supply runtime and exit
     (wherever they are in the trace; one for an allocation never submitted is
     ignored); without one the submit's inline runtime, else the walltime, else, for
     an allocation with a cancel event, the time from its submission to the cancel
-    (it runs until cancelled)."""
+    (it runs until cancelled). ``cancels``: :func:`cancel_times` of ``events`` when the
+    caller has it."""
     events = list(events)
     submits: dict[str, SubmitEvent] = {}
     order: dict[str, int] = {}
@@ -309,7 +313,8 @@ def jobs_from_events(
             completes[ev.id] = ev  # matched below; one with no submit is ignored
         elif not isinstance(ev, CancelEvent):  # pragma: no cover - typed input
             raise TypeError(f"not a trace event: {ev!r}")
-    cancels = cancel_times(events)
+    if cancels is None:
+        cancels = cancel_times(events)
     out: list[tuple[SubmitEvent, Allocation, float, int]] = []
     for aid in sorted(submits, key=lambda x: (submits[x].t, order[x])):
         ev = submits[aid]
@@ -433,8 +438,8 @@ class Replay:
 
         # --- the workload
         trace_events = list(trace_events)
-        entries = jobs_from_events(trace_events, default_vcluster=default_vcluster)
         cancels = cancel_times(trace_events)
+        entries = jobs_from_events(trace_events, default_vcluster=default_vcluster, cancels=cancels)
         completed = {ev.id for ev in trace_events if isinstance(ev, CompleteEvent)}
         self.jobs: dict[str, _Job] = {}
         for ev, alloc, runtime, exit_code in entries:
