@@ -2,7 +2,7 @@
 
 ``GET /api/v1/tenants/{id}/usage?days=90`` and ``GET /api/v1/usage?user=alice&days=90``
 (spec: Quota Enforcement, API Access). Numbers come from the internal budget ledger
-(:mod:`lattice_scheduler.ledger`) run over the quorum's committed allocation records in
+(:mod:`lattice_common.ledger`) run over the quorum's committed allocation records in
 one consistent read, with each node's GPU count taken from the current inventory.
 
 ``days`` is the rolling window (default: the budget period,
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from lattice_common.errors import NotFound, ValidationError
-from lattice_scheduler.ledger import (
+from lattice_common.ledger import (
     DEFAULT_BUDGET_PERIOD_DAYS,
     SECONDS_PER_DAY,
     budget_status,

@@ -46,6 +46,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from lattice_common.errors import ValidationError
+from lattice_common.net import split_host_port
 from lattice_common.types import SchedulerType
 
 __all__ = [
@@ -91,12 +92,9 @@ def _check_host_port(value: str, *, allow_empty: bool = False, allow_port_zero: 
     value = value.strip()
     if not value and allow_empty:
         return value
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isascii() or not port.isdigit():
+    host, _ = split_host_port(value, allow_port_zero=allow_port_zero)
+    if not host:
         raise ValueError(f"expected host:port, got {value!r}")
-    low = 0 if allow_port_zero else 1
-    if not low <= int(port) <= 65535:
-        raise ValueError(f"port must be between {low} and 65535, got {port}")
     return value
 
 

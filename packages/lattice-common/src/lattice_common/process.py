@@ -20,8 +20,10 @@ def start_metrics(listen: str) -> None:
         return
     from prometheus_client import start_http_server
 
-    host, _, port = listen.rpartition(":")
-    start_http_server(int(port), addr=host or "0.0.0.0")
+    from lattice_common.net import split_host_port
+
+    host, port = split_host_port(listen, default_host="0.0.0.0")
+    start_http_server(port, addr=host)
 
 
 async def run_until_signal(coro: Coroutine[Any, Any, None]) -> None:

@@ -14,6 +14,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from lattice_common import commands as c
 from lattice_common.errors import ERROR_CLASSES, LatticeError, NotLeader, Unavailable
+from lattice_common.net import split_host_port
 from lattice_common.proto.lattice import v1
 from lattice_common.watch import StateDelta, decode_delta
 
@@ -53,8 +54,8 @@ class Endpoints:
 
     def channel(self) -> Channel:
         if self._channel is None:
-            host, _, port = self.current.rpartition(":")
-            self._channel = Channel(host or "127.0.0.1", int(port))
+            host, port = split_host_port(self.current, default_host="127.0.0.1")
+            self._channel = Channel(host, port)
         return self._channel
 
     def rotate(self, prefer: str = "") -> None:

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 import msgspec
+from lattice_common import ledger
 from lattice_common.types import (
     HOLDING_STATES,
     Allocation,
@@ -34,7 +35,6 @@ from lattice_common.types import (
     Tenant,
 )
 
-from lattice_scheduler import ledger
 from lattice_scheduler.profiles import WEIGHT_PROFILES, profile_for_scheduler_type
 
 __all__ = [
@@ -928,7 +928,7 @@ def build_context(
       budget ledger is the natural refinement. Targets are ``fair_share_target``.
     * Budgets: ``budget_fraction_used`` per tenant as given (e.g. from Waldur's
       remaining budget, which takes precedence); without it the internal ledger,
-      :func:`lattice_scheduler.ledger.budget_utilization`, over every allocation in the
+      :func:`lattice_common.ledger.budget_utilization`, over every allocation in the
       view (O(all allocations); skipped when no tenant has a budget).
     * f4: ``max_groups_available`` = distinct dragonfly groups holding a free Ready node
       usable by ``vcluster`` (all vClusters when ``None``).

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from typing import Literal
 
 import msgspec
+
 from lattice_common.types import HOLDING_STATES, TERMINAL_STATES, Allocation, Node, Tenant
 
 SECONDS_PER_HOUR = 3600.0

@@ -8,17 +8,8 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lattice_common.types import (
-    Allocation,
-    AllocationSpec,
-    AllocationState,
-    Constraints,
-    Node,
-    NodeCapabilities,
-    Tenant,
-)
-from lattice_scheduler import ledger
-from lattice_scheduler.ledger import (
+from lattice_common import ledger
+from lattice_common.ledger import (
     DEFAULT_BUDGET_PERIOD_DAYS,
     Usage,
     allocation_hours,
@@ -28,6 +19,15 @@ from lattice_scheduler.ledger import (
     node_gpu_counts,
     usage,
     usage_by,
+)
+from lattice_common.types import (
+    Allocation,
+    AllocationSpec,
+    AllocationState,
+    Constraints,
+    Node,
+    NodeCapabilities,
+    Tenant,
 )
 
 H = 3600.0
