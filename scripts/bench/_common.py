@@ -233,9 +233,9 @@ def job_body(cluster: Any, entrypoint: str = "true", **extra: Any) -> dict[str, 
 
 def grpc_channel(address: str) -> Any:
     from grpclib.client import Channel
+    from lattice_common.net import split_host_port
 
-    host, _, port = address.rpartition(":")
-    return Channel(host or "127.0.0.1", int(port))
+    return Channel(*split_host_port(address, default_host="127.0.0.1"))
 
 
 def grpc_metadata() -> dict[str, str]:
