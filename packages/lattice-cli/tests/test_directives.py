@@ -12,19 +12,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lattice_cli.directives import (
-    DirectiveError,
-    SubmitOptions,
     command_entrypoint,
     iter_directives,
+    parse_script,
+    script_entrypoint,
+    shebang_command,
+)
+from lattice_cli.submit_options import (
+    DirectiveError,
+    SubmitOptions,
     merge,
     parse_constraint,
     parse_constraints,
     parse_env,
     parse_gres,
     parse_mem_gb,
-    parse_script,
-    script_entrypoint,
-    shebang_command,
 )
 
 SPEC_SCRIPT = """#!/bin/bash

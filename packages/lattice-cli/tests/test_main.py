@@ -14,10 +14,11 @@ import subprocess
 import sys
 import time
 
-import pytest
 import yaml
-from lattice_cli.main import app
+from lattice_cli.main import app, load_commands
 from typer.testing import CliRunner
+
+load_commands()  # main() registers only the command it runs; these tests call `app` directly
 
 
 def run(*args: str, input: str | None = None):
@@ -100,12 +101,13 @@ def test_global_flags_beat_directives_and_env(fake_api, tmp_path, monkeypatch):
     body = fake_api.last("POST")["json"]
     assert (body["tenant"], body["vcluster"]) == ("from-script", "from-script")
     assert (
-        run("-t", "global", "--vcluster", "gvc", "submit", "-D", "sub", str(script)).exit_code == 0
+        run("--tenant", "global", "--vcluster", "gvc", "submit", "-D", "sub", str(script)).exit_code
+        == 0
     )
     body = fake_api.last("POST")["json"]
     assert (body["tenant"], body["vcluster"]) == ("global", "gvc")
     assert body["submit_dir"] == os.path.abspath("sub")
-    assert run("-t", "global", "submit", "--tenant", "local", str(script)).exit_code == 0
+    assert run("--tenant", "global", "submit", "--tenant", "local", str(script)).exit_code == 0
     assert fake_api.last("POST")["json"]["tenant"] == "local"
 
 
@@ -399,14 +401,16 @@ def test_admin_commands(fake_api):
         "set-weights",
         "--name",
         "hpc-batch",
-        "-w",
+        "--weight",
         "priority=0.3",
-        "-w",
+        "--weight",
         "energy=0.1",
     )
     assert fake_api.last("PATCH")["json"] == {"weights": {"priority": 0.3, "energy": 0.1}}
     assert (
-        run("admin", "vcluster", "set-weights", "--name", "hpc-batch", "-w", "luck=1").exit_code
+        run(
+            "admin", "vcluster", "set-weights", "--name", "hpc-batch", "--weight", "luck=1"
+        ).exit_code
         == 2
     )
 
@@ -431,7 +435,7 @@ def test_config_file_and_token(fake_api, clean_env, monkeypatch):
     assert headers["Authorization"] == "Bearer s3cret"
     assert headers["x-lattice-tenant"] == "physics"
     monkeypatch.setenv("LATTICE_CONFIG", str(config))
-    assert run("-t", "other", "status").exit_code == 0
+    assert run("--tenant", "other", "status").exit_code == 0
     assert fake_api.last()["headers"]["x-lattice-tenant"] == "other"
 
 
@@ -522,7 +526,8 @@ def test_console_script_status_connection_refused(tmp_path):
 
 
 def test_status_does_not_import_heavy_modules(tmp_path):
-    """Start-time guard: `lattice status` must not pull in pydantic, aiohttp, rich or yaml."""
+    """Start-time guard: `lattice status` must not pull in pydantic, msgspec, aiohttp, rich,
+    yaml, or any of lattice_common but the stdlib-only error renderer."""
     code = (
         "import sys\n"
         "from lattice_cli.main import main\n"
@@ -530,7 +535,9 @@ def test_status_does_not_import_heavy_modules(tmp_path):
         "    main(['status'])\n"
         "except SystemExit:\n"
         "    pass\n"
-        "heavy = [m for m in ('pydantic', 'aiohttp', 'rich', 'yaml', 'lattice_common') if m in sys.modules]\n"
+        "heavy = [m for m in ('pydantic', 'msgspec', 'aiohttp', 'rich', 'yaml') if m in sys.modules]\n"
+        "heavy += [m for m in sys.modules if m.startswith('lattice_common.')\n"
+        "          and m != 'lattice_common.error_text']\n"
         "print(','.join(heavy))\n"
     )
     proc = subprocess.run(
@@ -540,18 +547,66 @@ def test_status_does_not_import_heavy_modules(tmp_path):
         env=_env(tmp_path, LATTICE_ENDPOINT=f"127.0.0.1:{closed_port()}"),
         timeout=60,
     )
+    assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "", proc.stdout + proc.stderr
 
 
-def test_dev_subcommand_is_registered_lazily():
+def test_command_word():
     from lattice_cli import main as m
 
-    assert m._command_word(["-o", "json", "status", "x"]) == "status"
-    assert m._command_word(["--endpoint", "h:1", "dev", "up"]) == "dev"
-    assert m._command_word(["--help"]) is None
-    m.register_dev(["dev", "--help"])
-    try:
-        import lattice_cli.dev  # noqa: F401
-    except ModuleNotFoundError:
-        pytest.skip("lattice_cli.dev is not there")
-    assert m._dev_registered
+    assert m.command_word(["-o", "json", "status", "x"]) == "status"
+    assert m.command_word(["--endpoint", "h:1", "dev", "up"]) == "dev"
+    assert m.command_word(["--tenant", "t", "--vcluster", "v", "usage"]) == "usage"
+    assert m.command_word(["--endpoint=h:1", "-q", "nodes"]) == "nodes"
+    assert m.command_word(["--help"]) is None
+
+
+def test_commands_are_imported_lazily(tmp_path):
+    """`main` imports the module of the command it runs and no other; the root help and an
+    unknown word import them all (help lists them, the error suggests one)."""
+    from lattice_cli.main import COMMANDS
+
+    code = (
+        "import sys\n"
+        "from lattice_cli.main import main\n"
+        "try:\n"
+        "    main(sys.argv[1:])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "names = sorted(m for m in sys.modules if m.startswith('lattice_cli.commands.'))\n"
+        "print(' '.join(names), file=sys.stderr)\n"
+    )
+
+    def imported(*args: str) -> set[str]:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            env=_env(tmp_path, LATTICE_ENDPOINT=f"127.0.0.1:{closed_port()}"),
+            timeout=60,
+        )
+        return set(proc.stderr.strip().splitlines()[-1].split())
+
+    assert imported("-o", "json", "status") == {"lattice_cli.commands.status"}
+    assert imported("cancel", "--help") == {"lattice_cli.commands.cancel"}
+    assert imported("--tenant", "t", "admin", "--help") >= {"lattice_cli.commands.admin"}
+    assert not any("commands.dev" in m or "commands.usage" in m for m in imported("admin"))
+    for everything in (imported("--help"), imported("no-such-command")):
+        assert set(COMMANDS.values()) <= everything
+
+
+def test_command_table_matches_the_modules():
+    """Every module under commands/ is in main's table and has register(app)."""
+    import importlib
+    import pkgutil
+
+    import lattice_cli.commands
+    from lattice_cli.main import COMMANDS
+
+    found = {
+        f"lattice_cli.commands.{m.name}"
+        for m in pkgutil.iter_modules(lattice_cli.commands.__path__)
+    }
+    assert found == set(COMMANDS.values())
+    for word, module in COMMANDS.items():
+        assert callable(importlib.import_module(module).register), word

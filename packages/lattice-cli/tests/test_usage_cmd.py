@@ -17,10 +17,10 @@ import pytest
 import yaml
 from aiohttp import web
 from lattice_cli import main as cli_main
-from lattice_cli.usage_cmd import hours, percent, tenant_text, user_text
+from lattice_cli.commands.usage import hours, percent, tenant_text, user_text
 from typer.testing import CliRunner
 
-cli_main.register_usage()  # main() does this for `lattice usage`; tests call `app` directly
+cli_main.load_commands(["usage"])  # main() does this for `lattice usage`; tests call `app`
 
 NOW = 1_750_000_000.0
 
@@ -269,7 +269,7 @@ def _env(tmp_path: Any, **extra: str) -> dict[str, str]:
 
 
 def test_registered_lazily(tmp_path: Any) -> None:
-    assert cli_main._command_word(["-o", "json", "usage", "--tenant", "x"]) == "usage"
+    assert cli_main.command_word(["-o", "json", "usage", "--tenant", "x"]) == "usage"
     code = (
         "import sys\n"
         "from lattice_cli.main import main\n"
@@ -277,7 +277,7 @@ def test_registered_lazily(tmp_path: Any) -> None:
         "    main(sys.argv[1:])\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print('usage_cmd' if 'lattice_cli.usage_cmd' in sys.modules else 'none', file=sys.stderr)\n"
+        "print('usage_cmd' if 'lattice_cli.commands.usage' in sys.modules else 'none', file=sys.stderr)\n"
     )
 
     def probe(*args: str) -> subprocess.CompletedProcess[str]:

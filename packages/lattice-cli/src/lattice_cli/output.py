@@ -14,6 +14,22 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 DASH = "—"
+
+# The core's state names (lattice_common.types.AllocationState / NodeState / HOLDING_STATES),
+# spelled out because importing that module costs ~80 ms at start; tests/test_core_names.py
+# fails when these copies and the originals differ.
+ALLOCATION_STATES = (
+    "Pending",
+    "Staging",
+    "Running",
+    "Checkpointing",
+    "Suspended",
+    "Completed",
+    "Failed",
+    "Cancelled",
+)
+NODE_STATES = ("Unknown", "Booting", "Ready", "Degraded", "Down", "Draining", "Drained", "Failed")
+HOLDING_STATES = ("Staging", "Running", "Checkpointing")  # an allocation holds nodes
 ALLOCATION_COLUMNS = ("ID", "NAME", "STATE", "NODES", "WALLTIME", "ELAPSED", "VCLUSTER")
 ALLOCATION_WIDE_COLUMNS = ("TENANT", "PROJECT", "UENV", "GPU_TYPE", "NODELIST", "REASON")
 NODE_COLUMNS = ("NODE", "STATE", "GPUS", "VCLUSTER", "TENANT", "GROUP", "CONFORMANCE")
@@ -241,7 +257,7 @@ def fold_task_groups(allocs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _group_row(gid: str, tasks: list[dict[str, Any]]) -> dict[str, Any]:
     states = [t.get("state") for t in tasks]
-    if "Running" in states or "Staging" in states or "Checkpointing" in states:
+    if any(s in HOLDING_STATES for s in states):
         state = "Running"
     elif "Pending" in states or "Suspended" in states:
         state = "Pending"
@@ -254,7 +270,7 @@ def _group_row(gid: str, tasks: list[dict[str, Any]]) -> dict[str, Any]:
     spec = dict(tasks[0].get("spec") or {})
     name = str(spec.get("name") or "")
     spec["name"] = name.split("[", 1)[0] if name.endswith("]") else name
-    running = sum(1 for s in states if s in ("Running", "Staging", "Checkpointing"))
+    running = sum(1 for s in states if s in HOLDING_STATES)
     spec["nodes"] = f"{spec.get('nodes') or 1}×{running or len(tasks)}"
     starts = [t["started_at"] for t in tasks if t.get("started_at")]
     ends = [t["finished_at"] for t in tasks if t.get("finished_at")]

@@ -1,7 +1,8 @@
 """Typed errors that carry a message, the numbers behind it and a hint.
 
 Raised anywhere (state machine, validation, API); mapped once to gRPC and HTTP status
-codes here, and rendered for people by the CLI as::
+codes here, and rendered for people (by :func:`lattice_common.error_text.render_error`,
+shared with the CLI, the SDK and RM-Replay) as::
 
     Error: <message>
       <Key>: <value>
@@ -13,6 +14,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import msgspec
+
+from lattice_common.error_text import render_error
 
 
 class LatticeError(Exception):
@@ -37,12 +40,8 @@ class LatticeError(Exception):
         }
 
     def render(self) -> str:
-        lines = [f"Error: {self.message}"]
-        for k, v in self.details.items():
-            lines.append(f"  {k.replace('_', ' ').capitalize()}: {v}")
-        if self.hint:
-            lines.append(f"Hint: {self.hint}")
-        return "\n".join(lines)
+        """The form people read (see :mod:`lattice_common.error_text`)."""
+        return render_error(self.message, self.details, self.hint)
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> LatticeError:

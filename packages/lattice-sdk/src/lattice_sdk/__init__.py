@@ -11,8 +11,7 @@ Importing this package is cheap: the HTTP library (aiohttp) is imported when a c
 opens, not here.
 """
 
-__version__ = "0.1.0"
-
+from lattice_sdk._version import __version__
 from lattice_sdk.client import LatticeClient
 from lattice_sdk.errors import (
     LatticeAuthError,

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from lattice_sdk import __version__
+from lattice_sdk._version import __version__
 from lattice_sdk.errors import LatticeError, error_from_response
 from lattice_sdk.models import (
     Allocation,

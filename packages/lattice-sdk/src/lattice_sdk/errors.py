@@ -6,12 +6,16 @@ this module turns that body plus the HTTP status into one exception class, so ca
 server at all (connection refused, DNS, timeouts) become :class:`LatticeUnavailableError`
 with a message that names the endpoint.
 
-Kept free of third-party imports: the CLI imports it on every run.
+Kept free of third-party imports: the CLI imports it on every run. The one outside import,
+:mod:`lattice_common.error_text`, is the standard-library-only module that renders errors
+the same way in the CLI, the SDK, the core and RM-Replay.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from lattice_common.error_text import render_error
 
 UNREACHABLE_HINT = (
     "Start a local cluster with `lattice dev up` or set LATTICE_ENDPOINT to the API address."
@@ -57,14 +61,7 @@ class LatticeError(Exception):
           <Key>: <value>
         Hint: <hint>
         """
-        lines = [f"Error: {self.message}"]
-        for key, value in self.details.items():
-            label = str(key).replace("_", " ")
-            label = label[:1].upper() + label[1:]
-            lines.append(f"  {label}: {value}")
-        if self.hint:
-            lines.append(f"Hint: {self.hint}")
-        return "\n".join(lines)
+        return render_error(self.message, self.details, self.hint)
 
 
 class LatticeValidationError(LatticeError):

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from lattice_common.error_text import render_error
 
 from rm_replay import __version__
 from rm_replay.model import (
@@ -125,9 +126,7 @@ def _guard(fn: Callable[[], int | None]) -> None:
 
 
 def _print_error(message: str, hint: str) -> None:
-    typer.echo(f"Error: {message}", err=True)
-    if hint:
-        typer.echo(f"Hint: {hint}", err=True)
+    typer.echo(render_error(message, hint=hint), err=True)
 
 
 def _need_file(path: Path | None, option: str) -> Path:

@@ -7,10 +7,10 @@
     lattice usage --user bob --days 30  # another user's (needs permission)
     lattice usage --user bob --tenant physics -o json
 
-Registered lazily by :mod:`lattice_cli.main` (only for ``lattice usage`` and the root
-help); this module imports typer and the standard library only, and everything else
-inside the command. Rendering is in pure functions (:func:`tenant_text`,
-:func:`user_text`) tested without a server.
+Imported by :mod:`lattice_cli.main` only for ``lattice usage`` and the root help; this
+module imports typer and the standard library only, and everything else inside the
+command. Rendering is in pure functions (:func:`tenant_text`, :func:`user_text`) tested
+without a server.
 """
 
 from __future__ import annotations
@@ -21,20 +21,13 @@ from typing import Annotated, Any
 
 import typer
 
+from lattice_cli.context import emit, fail, run_api, state_of
+
 MIN_DAYS = 1
 MAX_DAYS = 3650
 
 
-# The CLI module whose helpers (_state, run_api, emit, fail) this command uses. Set by
-# register(): under `python -m lattice_cli.main` that module is __main__, not a second
-# import of lattice_cli.main.
-_cli: Any = None
-
-
-def register(app: typer.Typer, cli: Any) -> None:
-    """Add ``usage`` to ``app``; ``cli`` is the module holding the shared helpers."""
-    global _cli
-    _cli = cli
+def register(app: typer.Typer) -> None:
     app.command("usage")(usage)
 
 
@@ -62,7 +55,6 @@ def usage(
         int | None,
         typer.Option(
             "--days",
-            "-d",
             help=f"Rolling window in days, {MIN_DAYS}..{MAX_DAYS} "
             "(default: the budget period, 90).",
         ),
@@ -78,11 +70,7 @@ def usage(
     ] = None,
 ) -> None:
     """Show node-hours and GPU-hours used: yours, a user's, or a tenant's with its budget."""
-    cli = _cli
-    if cli is None:
-        import lattice_cli.main as cli
-    fail, emit = cli.fail, cli.emit
-    st = cli._state(ctx)
+    st = state_of(ctx)
     if days is not None and not MIN_DAYS <= days <= MAX_DAYS:
         fail(
             f"--days must be between {MIN_DAYS} and {MAX_DAYS} (got {days})",
@@ -100,7 +88,7 @@ def usage(
             return await client.tenant_usage(tenant, days=days)
         return await client.user_usage(user, days=days, tenant=tenant)
 
-    data = cli.run_api(st, go)
+    data = run_api(st, go)
     now = time.time()
     if tenant and not user:
         emit(st, fmt, data, lambda: tenant_text(data, now))

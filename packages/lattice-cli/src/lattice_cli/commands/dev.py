@@ -1,4 +1,8 @@
-"""``lattice dev``: a local cluster for newcomers and tests (the embedded default)."""
+"""``lattice dev``: a local cluster for newcomers and tests (the embedded default).
+
+The cluster itself is :class:`lattice_cli.devcluster.LocalCluster` (also used by the test
+harness and the benchmarks); this module is only its command line.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,14 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(
+dev_app = typer.Typer(
     help="Run a whole Lattice cluster on this machine, as real processes on loopback.",
     no_args_is_help=True,
 )
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(dev_app, name="dev", help="Run a local Lattice cluster for development.")
 
 
 def _cli_config_path() -> Path:
@@ -24,7 +32,7 @@ def _cli_config_path() -> Path:
     return Path(base) / "lattice" / "config.yaml"
 
 
-@app.command("up")
+@dev_app.command("up")
 def up(
     agents: int = typer.Option(
         2, "--agents", "-n", min=0, max=64, help="Number of node agents to start."

@@ -1,0 +1,70 @@
+"""``lattice logs``: an allocation's output, or ``-f`` to follow it live."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from lattice_cli.context import OutputOpt, run_api, state_of
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(logs)
+
+
+def logs(
+    ctx: typer.Context,
+    alloc_id: Annotated[str, typer.Argument(help="Allocation ID.", metavar="ID")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep streaming new output until it ends.")
+    ] = False,
+    tail: Annotated[
+        int | None, typer.Option("--tail", "-n", help="Only the last N lines.", min=0)
+    ] = None,
+    stderr_only: Annotated[bool, typer.Option("--stderr", help="Only standard error.")] = False,
+    stdout_only: Annotated[bool, typer.Option("--stdout", help="Only standard output.")] = False,
+    node: Annotated[str | None, typer.Option("--node", help="Only output from this node.")] = None,
+    timestamps: Annotated[
+        bool,
+        typer.Option("--timestamps/--no-timestamps", help="Prefix each line with its time."),
+    ] = True,
+    output: OutputOpt = None,
+) -> None:
+    """Show an allocation's output; stderr lines go to stderr. `-f` follows live."""
+    st = state_of(ctx)
+    fmt = st.output(output)
+    stream = "both"
+    if stderr_only and not stdout_only:
+        stream = "stderr"
+    elif stdout_only and not stderr_only:
+        stream = "stdout"
+
+    from lattice_cli import output as out
+
+    def show(line: Any, prefix_node: bool) -> None:
+        if node and line.node_id != node:
+            return
+        if stream != "both" and line.stream != stream:
+            return
+        if fmt in ("json", "yaml"):
+            print(out.to_json(line.raw, compact=True), flush=follow)
+            return
+        text = out.format_log_line(line.raw, timestamps=timestamps, node=prefix_node)
+        target = sys.stderr if line.stream == "stderr" else sys.stdout
+        print(text, file=target, flush=follow)
+
+    async def go(client: Any) -> None:
+        if follow:
+            alloc = await client.status(alloc_id)  # also a clear 404 before streaming
+            many = len(alloc.assigned_nodes) > 1 or (alloc.spec.nodes or 1) > 1
+            async for line in client.stream_logs(alloc_id, tail=tail):
+                show(line, many and not node)
+            return
+        lines = await client.logs(alloc_id, tail=tail, stream=stream)
+        many = len({line.node_id for line in lines if line.node_id}) > 1
+        for line in lines:
+            show(line, many and not node)
+
+    run_api(st, go)

@@ -1,0 +1,264 @@
+"""``lattice submit``: a batch script or a command, like sbatch.
+
+Parsing is pure and lives in :mod:`lattice_cli.submit_options` (values) and
+:mod:`lattice_cli.directives` (script directives); this module turns flags, directives and
+config into an :class:`lattice_sdk.AllocationSpec` and sends it.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperCommand
+
+from lattice_cli.context import OutputOpt, emit, fail, run_api, state_of, warn
+
+
+def register(app: typer.Typer) -> None:
+    app.command(cls=_SubmitCommand)(submit)
+
+
+class RequeuePolicy(enum.StrEnum):
+    """``--requeue``; a copy of :class:`lattice_common.types.RequeuePolicy` (importing that
+    module costs ~80 ms at start; ``tests/test_core_names.py`` keeps the two equal)."""
+
+    never = "never"
+    on_node_failure = "on_node_failure"
+    always = "always"
+
+
+class _SubmitCommand(TyperCommand):
+    """Remembers what came after ``--`` so a command can be told apart from a script."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if "--" in args:
+            ctx.meta["lattice.after_dashdash"] = list(args[args.index("--") + 1 :])
+        return super().parse_args(ctx, args)
+
+
+def submit(
+    ctx: typer.Context,
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="A batch script (its #LATTICE and #SBATCH directives are read) and its "
+            "arguments, or `-- COMMAND ARGS...` to run a command directly.",
+            metavar="[SCRIPT [ARGS...]] [-- COMMAND ARGS...]",
+            show_default=False,
+        ),
+    ] = None,
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", "-N", help="Number of whole nodes (at least 1).")
+    ] = None,
+    min_nodes: Annotated[
+        int | None,
+        typer.Option(
+            "--min-nodes",
+            help="Node range: start with as few as this when --nodes are not all free (services).",
+        ),
+    ] = None,
+    walltime: Annotated[
+        str | None,
+        typer.Option("--walltime", "-t", help="Time limit: 30m, 24h, 1d, HH:MM:SS, D-HH:MM:SS."),
+    ] = None,
+    vcluster: Annotated[
+        str | None, typer.Option("--vcluster", help="vCluster to run in (Slurm: partition).")
+    ] = None,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Tenant to charge (Slurm: account).")
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", "-J", help="Allocation name (default: script or command name)."),
+    ] = None,
+    project: Annotated[str | None, typer.Option("--project", help="Project label.")] = None,
+    preemption_class: Annotated[
+        int | None,
+        typer.Option(
+            "--preemption-class",
+            help="0 (preempted first) .. 10 (never preempted); default 5.",
+        ),
+    ] = None,
+    constraint: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--constraint",
+            "-C",
+            help='Node constraints, e.g. "gpu_type=GH200,gpu_count=4", "memory_gb>=512"; '
+            "bare words are node features. Repeatable.",
+        ),
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", "-e", help="Environment variable KEY=VALUE. Repeatable."),
+    ] = None,
+    requeue: Annotated[
+        RequeuePolicy | None,
+        typer.Option("--requeue", help="Requeue on failure: never, on_node_failure or always."),
+    ] = None,
+    max_requeue: Annotated[
+        int | None, typer.Option("--max-requeue", help="Most times to requeue.", min=0)
+    ] = None,
+    uenv: Annotated[
+        str | None,
+        typer.Option("--uenv", help="Software environment, e.g. prgenv-gnu/24.11:v1."),
+    ] = None,
+    task_group: Annotated[
+        str | None,
+        typer.Option(
+            "--task-group",
+            help="Run a task group (job array): START-END[:STEP][%CONCURRENCY], e.g. 0-99%20. "
+            "Each task gets $LATTICE_TASK_INDEX.",
+        ),
+    ] = None,
+    chdir: Annotated[
+        str | None,
+        typer.Option("--chdir", "-D", help="Working directory of the job (default: current)."),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Print the allocation spec that would be sent, and do not submit."
+        ),
+    ] = False,
+    output: OutputOpt = None,
+) -> None:
+    """Submit a batch script or a command (like sbatch).
+
+    Directives in the script (`#LATTICE --nodes=4`, `#SBATCH --time=1:00:00`) are read;
+    command-line flags override them. Prints `Submitted allocation <id>`.
+    """
+    from lattice_cli import directives
+    from lattice_cli import submit_options as d
+
+    state = state_of(ctx)
+    cfg = state.config
+    positional = list(args or [])
+    after = ctx.meta.get("lattice.after_dashdash")
+    before = positional[: len(positional) - len(after)] if after is not None else positional
+
+    try:
+        flags = d.SubmitOptions(
+            nodes=d.parse_positive_int(str(nodes), "nodes") if nodes is not None else None,
+            walltime=d.parse_walltime(walltime) if walltime is not None else None,
+            name=name,
+            tenant=tenant or state.tenant,  # `lattice --tenant X submit` is a flag too
+            vcluster=vcluster or state.vcluster,
+            project=project,
+            preemption_class=(
+                d.parse_preemption_class(str(preemption_class))
+                if preemption_class is not None
+                else None
+            ),
+            constraints=d.parse_constraints(constraint or []),
+            env=d.parse_env(env or []),
+            requeue=requeue.value if requeue else None,
+            max_requeue=max_requeue,
+            uenv=uenv,
+            submit_dir=chdir,
+        )
+        if before:
+            script = before[0]
+            script_args = [*before[1:], *(after or [])]
+            path, text = _read_script(script)
+            from_script = directives.parse_script(
+                text, partition_map=cfg.partition_map, qos_map=cfg.qos_map
+            )
+            opts = d.merge(from_script, flags)
+            entrypoint = directives.script_entrypoint(path, text, script_args)
+            default_name = os.path.basename(path)
+        elif after:
+            opts = flags
+            entrypoint = directives.command_entrypoint(after)
+            default_name = os.path.basename(after[0])
+        else:
+            fail(
+                "nothing to submit",
+                hint="Give a script (`lattice submit job.sh`) or a command after `--` "
+                "(`lattice submit -N 2 -- hostname`).",
+                code=2,
+            )
+        if min_nodes is not None:
+            d.parse_positive_int(str(min_nodes), "min nodes")
+    except d.DirectiveError as exc:
+        fail(exc.message, hint=exc.hint, code=2)
+
+    for message in opts.warnings:
+        warn(message)
+
+    from lattice_sdk import AllocationSpec
+
+    spec = AllocationSpec(
+        entrypoint=entrypoint,
+        nodes=opts.nodes or 1,
+        walltime=opts.walltime,
+        tenant=opts.tenant or cfg.tenant,
+        vcluster=opts.vcluster or cfg.vcluster,
+        name=opts.name or default_name,
+        project=opts.project or "",
+        preemption_class=5 if opts.preemption_class is None else opts.preemption_class,
+        constraints=opts.constraints,
+        env=opts.env,
+        submit_dir=os.path.abspath(opts.submit_dir) if opts.submit_dir else os.getcwd(),
+        uenv=opts.uenv or cfg.uenv,
+        requeue_policy=opts.requeue,
+        max_requeue=opts.max_requeue,
+        tags=opts.tags,
+        min_nodes=min_nodes,
+    )
+    fmt = state.output(output)
+    if dry_run:
+        emit(state, "yaml" if fmt == "yaml" else "json", spec.to_dict())
+        return
+
+    if task_group:
+
+        async def go_group(client: Any) -> Any:
+            return await client.submit_task_group(spec, task_group)
+
+        group = run_api(state, go_group)
+        if fmt in ("json", "yaml"):
+            emit(state, fmt, group)
+        elif state.quiet:
+            print(group["task_group_id"])
+        else:
+            limit = f", at most {group['concurrency']} running" if group.get("concurrency") else ""
+            print(f"Submitted task group {group['task_group_id']} ({group['tasks']} tasks{limit})")
+        return
+
+    async def go(client: Any) -> Any:
+        return await client.submit(spec)
+
+    alloc = run_api(state, go)
+    if fmt in ("json", "yaml"):
+        emit(state, fmt, alloc.raw)
+    elif state.quiet:
+        print(alloc.id)
+    else:
+        print(f"Submitted allocation {alloc.id}")
+
+
+def _read_script(script: str) -> tuple[str, str]:
+    path = os.path.abspath(os.path.expanduser(script))
+    if not os.path.isfile(path):
+        fail(
+            f"script {script!r} not found",
+            hint="To run a command rather than a script, put it after `--`: "
+            f"lattice submit -- {script} ...",
+            code=2,
+        )
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        fail(f"cannot read script {script!r}: {exc.strerror or exc}", code=2)
+    if b"\0" in data[:8192]:
+        fail(
+            f"{script!r} is not a text script",
+            hint=f"To run a program, put it after `--`: lattice submit -- {script}",
+            code=2,
+        )
+    return path, data.decode("utf-8", errors="replace")
