@@ -236,3 +236,47 @@ def test_work_over_its_share_does_not_preempt_a_tenant_below_its_share() -> None
     assert [(p.victim, p.preemptor, p.reason) for p in d.preemptions] == [
         ("v-run", "p-next", "priority")
     ]
+
+
+def test_a_job_with_solver_flags_preempts_a_lower_class_victim() -> None:
+    """The preemption step uses the solver's hard filter: ``require_unified_memory`` on
+    a unified-memory node, ``prefer_same_numa`` anywhere."""
+    for flag, gpu_type in (("require_unified_memory", "GH200"), ("prefer_same_numa", "")):
+        node = b.node("n1", gpu_type=gpu_type, owner="low")
+        low = b.allocation(
+            id="low", vcluster="v", preemption_class=1, state=AllocationState.RUNNING
+        )
+        low.assigned_nodes, low.started_at = ["n1"], NOW - 60
+        high = b.allocation(
+            id="high",
+            vcluster="v",
+            preemption_class=8,
+            constraints={"features": [flag]},
+            submitted_at=NOW - 5,
+        )
+        d = decide_vcluster(mirror([node], [low, high]), "v", NOW)
+        assert [(p.victim, p.preemptor) for p in d.preemptions] == [("low", "high")], flag
+
+
+DAY = 86400.0
+
+
+def _budget_cluster() -> StateMirror:
+    """Tenant "spent" used its whole GPU-hour budget in one day that ended 10 days ago;
+    "fresh" used nothing. One pending allocation each, otherwise alike."""
+    old = b.allocation(id="old", tenant="spent", vcluster="v", state=AllocationState.COMPLETED)
+    old.assigned_nodes, old.started_at, old.finished_at = ["n1"], NOW - 11 * DAY, NOW - 10 * DAY
+    spent = b.allocation(id="s", tenant="spent", vcluster="v", submitted_at=NOW - 60)
+    fresh = b.allocation(id="f", tenant="fresh", vcluster="v", submitted_at=NOW - 60)
+    nodes = [b.node(f"n{i}", gpu_type="H100", gpu_count=4) for i in (1, 2)]
+    m = mirror(nodes, [old, spent, fresh])
+    m.tenants = {t: b.tenant(t, gpu_hours_budget=96.0) for t in ("spent", "fresh")}
+    return m
+
+
+def test_the_budget_penalty_counts_usage_in_the_configured_window_only() -> None:
+    m = _budget_cluster()
+    default = decide_vcluster(m, "v", NOW)  # 90 days: the old run exhausts the budget
+    assert default.scores["s"] < default.scores["f"]
+    week = decide_vcluster(m, "v", NOW, budget_period_days=7)  # 10 days ago: outside
+    assert week.scores["s"] == week.scores["f"]

@@ -31,3 +31,28 @@ def test_a_victim_coming_back_counts_a_requeue_and_its_checkpoint_time() -> None
     s.mirror.allocations["o1"] = other
     s._observe_preemptions([msgspec.structs.replace(other, state=AllocationState.COMPLETED)])
     assert _value("lattice_preemption_victim_requeue_total", "elsewhere") == 0.0
+
+
+def test_the_configured_budget_window_reaches_every_decision(tmp_path, monkeypatch) -> None:
+    """``scheduling.budget_period_days`` from the scheduler's config file is the window
+    of the cost function's budget penalty (the API reports usage over the same one)."""
+    import asyncio
+
+    from lattice_scheduler import decide, main
+
+    cfg = tmp_path / "lattice.yaml"
+    cfg.write_text("scheduling:\n  budget_period_days: 7\n")
+    s = main.build_scheduler(
+        main.parse_args(["--vcluster", "v", "--config", str(cfg), "--metrics-listen", ""])
+    )
+    assert s.budget_period_days == 7
+    seen: list[float] = []
+
+    def fake_decide(m, vc, now, **kw):  # type: ignore[no-untyped-def]
+        seen.append(kw["budget_period_days"])
+        return decide.CycleDecision()
+
+    monkeypatch.setattr(decide, "decide_vcluster", fake_decide)
+    asyncio.run(s.cycle())
+    assert seen == [7]
+    s.quorum.endpoints.close()

@@ -23,15 +23,9 @@ from lattice_common.types import (
     NodeState,
     Tenant,
 )
-from lattice_scheduler.placement import (
-    Pending,
-    Proposal,
-    eligible,
-    order_pending,
-    pick_nodes,
-    plan_cycle,
-    satisfies,
-)
+from lattice_scheduler.filters import node_satisfies
+from lattice_scheduler.placement import eligible, order_pending, pick_nodes, plan_cycle
+from lattice_scheduler.solver import Pending, Proposal
 from lattice_test_harness import builders as b
 
 A = AllocationState
@@ -94,40 +88,6 @@ def test_requeued_allocation_keeps_its_place() -> None:
     old.requeue_count = 2
     new = alloc("aa", submitted_at=100.0)
     assert [a.id for a in order_pending([new, old])] == ["zz", "aa"]
-
-
-# --- satisfies -----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("constraints", "expected"),
-    [
-        ({}, True),
-        ({"gpu_type": "GH200"}, True),
-        ({"gpu_type": "gh200"}, True),  # case-insensitive
-        ({"gpu_type": "A100"}, False),
-        ({"gpu_count": 4}, True),
-        ({"gpu_count": 5}, False),
-        ({"memory_gb": 512}, True),
-        ({"memory_gb": 513}, False),
-        ({"features": ["nvme"]}, True),
-        ({"features": ["nvme", "ib"]}, True),
-        ({"features": ["nvme", "fpga"]}, False),
-        ({"gpu_type": "GH200", "gpu_count": 4, "memory_gb": 256, "features": ["ib"]}, True),
-        ({"gpu_type": "GH200", "gpu_count": 8}, False),
-        ({"topology": "tight"}, True),  # a packing hint, not a filter
-    ],
-)
-def test_satisfies(constraints: dict[str, Any], expected: bool) -> None:
-    n = b.node("x", gpu_type="GH200", gpu_count=4, memory_gb=512, features=["nvme", "ib"])
-    assert satisfies(n, Constraints(**constraints)) is expected
-
-
-def test_gpu_constraints_do_not_match_cpu_nodes() -> None:
-    n = b.node("cpu")
-    assert not satisfies(n, Constraints(gpu_count=1))
-    assert not satisfies(n, Constraints(gpu_type="H100"))
-    assert satisfies(n, Constraints())
 
 
 # --- eligible ------------------------------------------------------------------------
@@ -447,7 +407,7 @@ def test_every_proposal_is_valid(
         assert len(set(p.node_ids)) == len(p.node_ids)
         for nid in p.node_ids:
             n = nodes[nid]
-            assert satisfies(n, a.spec.constraints)
+            assert node_satisfies(n, a.spec)
             assert eligible(n, "v")
             assert n.state == N.READY and not n.owner and n.home_vcluster in ("", "v")
         assert used.isdisjoint(p.node_ids), "a node proposed twice in one cycle"
@@ -473,7 +433,7 @@ def test_every_proposal_is_valid(
             for n in nodes.values()
             if n.state not in (N.DOWN, N.FAILED)
             and n.home_vcluster in ("", "v")
-            and satisfies(n, a.spec.constraints)
+            and node_satisfies(n, a.spec)
         ]
         if w.reason == "no nodes matching constraints":
             assert len(usable) < a.spec.nodes

@@ -134,3 +134,24 @@ def test_just_resumed_victim_is_protected_from_thrashing() -> None:
     assert not is_candidate(v, job(8), NOW, pol)
     v.started_at = NOW - 3600  # ran long enough since it came back
     assert is_candidate(v, job(8), NOW, pol)
+
+
+def test_solver_flags_are_not_node_features_when_choosing_victims() -> None:
+    """``require_unified_memory`` / ``prefer_same_numa`` are solver flags, not node
+    features: a job asking for them finds victims on nodes that meet the flags."""
+    nodes = {
+        **b.inventory(1, prefix="gh", gpu_type="GH200", gpu_count=4),
+        **b.inventory(1, prefix="cpu"),
+    }
+    on_gh = running("on_gh", 1, ["gh0000"])
+    on_cpu = running("on_cpu", 1, ["cpu0000"])
+    unified = b.allocation(
+        id="job",
+        preemption_class=8,
+        constraints={"features": ["require_unified_memory"]},
+    )
+    assert select_victims(unified, [on_gh, on_cpu], nodes, now=NOW) == ["on_gh"]
+    numa = b.allocation(
+        id="job", preemption_class=8, constraints={"features": ["prefer_same_numa"]}
+    )
+    assert select_victims(numa, [on_cpu], nodes, now=NOW) == ["on_cpu"]

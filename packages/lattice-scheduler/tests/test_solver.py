@@ -23,6 +23,7 @@ from lattice_common.types import (
     NodeState,
     Tenant,
 )
+from lattice_scheduler.filters import constraint_flags, node_satisfies
 from lattice_scheduler.solver import (
     INF,
     REASON_CONFORMANCE,
@@ -32,8 +33,6 @@ from lattice_scheduler.solver import (
     REASON_QUOTA,
     SolveResult,
     choose,
-    constraint_flags,
-    node_satisfies,
     plan_fitness,
     solve,
 )

@@ -605,3 +605,21 @@ def test_bad_parameters() -> None:
     ):
         with pytest.raises(ValueError):
             simulate([submit("a", 0)], inventory(1), **kw)
+
+
+def test_assignments_pass_the_quorums_checks() -> None:
+    """The engine applies ``lattice_common.assignment`` as the quorum does: a
+    placement beyond a hard quota, outside the node range or on an owned node is
+    rejected (counted), a valid one runs."""
+    from rm_replay.policies import Placement
+
+    trace = [submit("a", 0, nodes=2), submit("b", 0, nodes=1)]
+    r = Replay(trace, inventory(4, tenants={"t": {"max_nodes": 2}}))
+    ids = {j.ev.id: aid for aid, j in r.jobs.items()}
+    for aid in ids.values():
+        r._arrive(T0, aid)
+    assert not r._assign(T0, Placement(allocation_id=ids["a"], node_ids=("n-0",)))  # range
+    assert r._assign(T0, Placement(allocation_id=ids["a"], node_ids=("n-0", "n-1")))
+    assert not r._assign(T0, Placement(allocation_id=ids["b"], node_ids=("n-1",)))  # owned
+    assert not r._assign(T0, Placement(allocation_id=ids["b"], node_ids=("n-2",)))  # quota
+    assert r.rejected == 3

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import pytest
-from lattice_common.types import AllocationSpec, Constraints
+from lattice_common.types import AllocationSpec, Constraints, Node, NodeCapabilities
 from rm_replay.engine import simulate
 from rm_replay.policies import (
     EasyPolicy,
     FcfsPolicy,
     LatticePolicy,
-    baseline_constraints,
     make_policy,
 )
 from rmr_helpers import T0, H, inventory, submit
+
+
+def node(node_id: str, gpu_type: str = "", features: tuple[str, ...] = ()) -> Node:
+    caps = NodeCapabilities(
+        cpu_cores=64,
+        memory_gb=256,
+        gpu_type=gpu_type,
+        gpu_count=4 if gpu_type else 0,
+        features=list(features),
+    )
+    return Node(id=node_id, capabilities=caps)
 
 
 def by_id(result):
@@ -117,8 +127,10 @@ def test_solver_flags_are_not_node_features_for_the_baselines() -> None:
         vcluster="v",
         constraints=Constraints(features=["require_conformance", "nvme"], gpu_type="A100"),
     )
-    c = baseline_constraints(spec)
-    assert (c.features, c.gpu_type) == (["nvme"], "A100")
+    a100 = node("n1", "A100", ("nvme",))
+    without_nvme = node("n2", "A100")
+    for policy in (FcfsPolicy(), EasyPolicy()):
+        assert policy.node_filter(a100, spec) and not policy.node_filter(without_nvme, spec)
     trace = [submit("a", 0, nodes=2, features=("require_conformance",))]
     assert by_id(simulate(trace, inventory(2), policy="easy"))["a"].start == T0
 
@@ -137,3 +149,25 @@ def test_node_ranges_shrink_to_what_is_free() -> None:
     j = by_id(simulate(trace, inventory(4)))
     assert j["svc"].start == T0 + 10
     assert j["svc"].node_seconds == 2 * H  # ran on 2 nodes
+
+
+def test_the_baselines_hold_the_hard_flags() -> None:
+    """One filter: ``require_unified_memory`` holds for the baselines as for the solver."""
+    spec = AllocationSpec(
+        entrypoint="x",
+        tenant="t",
+        vcluster="v",
+        constraints=Constraints(features=["require_unified_memory"]),
+    )
+    gh200 = node("n1", "GH200")
+    cpu = node("n2")
+    for policy in (FcfsPolicy(), EasyPolicy(), LatticePolicy()):
+        assert policy.node_filter(gh200, spec) and not policy.node_filter(cpu, spec)
+
+
+def test_the_budget_window_reaches_the_lattice_policy() -> None:
+    from rm_replay.engine import Replay
+
+    assert make_policy("lattice").budget_period_days == 90  # type: ignore[attr-defined]
+    replay = Replay([], inventory(1), budget_period_days=7)
+    assert replay.policy.budget_period_days == 7  # type: ignore[attr-defined]

@@ -96,6 +96,14 @@ class CostWeights(msgspec.Struct, kw_only=True):
     conformance: float = 0.10
 
 
+WEIGHT_ALIASES: dict[str, str] = {
+    "checkpoint": "checkpoint_efficiency",  # the Performance Tuning Guide's YAML
+    "data_ready": "data_readiness",  # the Weight Profiles table's w5
+}
+"""Other spellings of CostWeights field names that readers accept (weight files,
+profiles); writers always emit the field names themselves."""
+
+
 class Constraints(msgspec.Struct, kw_only=True):
     gpu_type: str = ""
     gpu_count: int = 0

@@ -4,21 +4,21 @@
 (timestamps come in ``command.now``), never a clock, disk or network. Every member of
 the quorum runs it on the same log and so reaches the same state. It validates before
 it mutates, so a rejected command changes nothing. Exclusive node ownership and hard
-quotas (max_nodes, max_concurrent_allocations) are enforced here and nowhere else.
+quotas (max_nodes, max_concurrent_allocations) are enforced here, by the rules of
+``lattice_common.assignment`` (RM-Replay applies the same ones to its decisions).
 """
 
 from __future__ import annotations
 
 import msgspec
+from lattice_common import assignment
 from lattice_common import commands as c
 from lattice_common.errors import (
     AlreadyExists,
     InvalidTransition,
     LatticeError,
     NotFound,
-    OwnershipConflict,
     PermissionDenied,
-    QuotaExceeded,
     StaleRevision,
     ValidationError,
 )
@@ -434,43 +434,17 @@ def _tenant_usage(state: GlobalState, tenant: str) -> tuple[int, int]:
 
 def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandResult:
     a = _alloc(state, cmd.allocation_id)
-    if a.state != AllocationState.PENDING:
-        raise InvalidTransition(
-            f"allocation {a.id} is {a.state.value}, not Pending",
-            details={"allocation": a.id, "state": a.state.value},
-        )
-    _check_fresh("allocation", a.id, a.revision, cmd.expected_revision)
-    if not cmd.node_ids or len(set(cmd.node_ids)) != len(cmd.node_ids):
-        raise ValidationError("assign needs a non-empty list of distinct nodes")
-    least = a.spec.min_nodes or a.spec.nodes
-    if not least <= len(cmd.node_ids) <= a.spec.nodes:
-        raise ValidationError(
-            f"allocation {a.id} needs {least}..{a.spec.nodes} nodes, got {len(cmd.node_ids)}"
-        )
-    nodes = [_node(state, nid) for nid in cmd.node_ids]
-    for n in nodes:
-        _check_fresh("node", n.id, n.revision, cmd.expected_revision)
-        _check_takeable(state, n, a)
-    _check_sensitive_pool(state, a, nodes)
-    t = state.tenants.get(a.spec.tenant)
-    if t is not None:
-        cur_nodes, cur_allocs = _tenant_usage(state, t.name)
-        _check_max_nodes(t, cur_nodes, len(nodes))
-        if (
-            t.max_concurrent_allocations is not None
-            and cur_allocs + 1 > t.max_concurrent_allocations
-        ):
-            raise QuotaExceeded(
-                f'allocation rejected: tenant "{t.name}" would exceed max_concurrent_allocations quota '
-                f"(current: {cur_allocs}, requested: 1, limit: {t.max_concurrent_allocations})",
-                details={
-                    "current": cur_allocs,
-                    "requested": 1,
-                    "limit": t.max_concurrent_allocations,
-                },
-                hint="Wait for running allocations to finish or request a quota increase.",
-            )
-    check_transition(a.id, a.state, AllocationState.RUNNING)
+    nodes = assignment.check_assignment(
+        a,
+        cmd.node_ids,
+        lambda nid: _node(state, nid),
+        sensitive=assignment.is_sensitive(a, state.vclusters),
+        tenant=state.tenants.get(a.spec.tenant),
+        tenant_usage=lambda: _tenant_usage(state, a.spec.tenant),
+        expected_revision=cmd.expected_revision,
+        sensitive_pool_size=state.sensitive_pool_size,
+        claimed_nodes=lambda: _claimed_nodes(state),
+    )
     _bump(state)
     for n in nodes:
         _take(state, n, a, cmd.vcluster, cmd.now)
@@ -485,74 +459,15 @@ def _assign(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.CommandRes
     return c.CommandResult(revision=state.revision, allocation=a)
 
 
-def _check_fresh(kind: str, ident: str, revision: int, expected: int) -> None:
-    """Reject a decision taken on a state older than the object's last change."""
-    if expected and revision > expected:
-        raise StaleRevision(
-            f"{kind} {ident} changed since revision {expected}",
-            details={"expected_revision": expected, "current": revision},
-        )
-
-
-def _is_sensitive(state: GlobalState, a: Allocation) -> bool:
-    v = state.vclusters.get(a.spec.vcluster)
-    return v is not None and v.scheduler_type == SchedulerType.SENSITIVE_RESERVATION
-
-
-def _check_takeable(state: GlobalState, n: Node, a: Allocation) -> None:
-    """A node can go to ``a``: free, Ready, and not claimed by someone else (claimed
-    nodes run only their claiming user's sensitive work)."""
-    if n.owner:
-        raise OwnershipConflict(
-            f"node {n.id} is already owned by allocation {n.owner}",
-            details={"node": n.id, "owner": n.owner},
-        )
-    if n.state != NodeState.READY:
-        raise OwnershipConflict(
-            f"node {n.id} is {n.state.value}, not Ready",
-            details={"node": n.id, "state": n.state.value},
-        )
-    if n.claimed_by and not (_is_sensitive(state, a) and claimant(a) == n.claimed_by):
-        raise OwnershipConflict(
-            f"node {n.id} is claimed by user {n.claimed_by} for sensitive use",
-            details={"node": n.id, "claimed_by": n.claimed_by},
-            hint="Claimed nodes run only their claiming user's sensitive allocations.",
-        )
-
-
-def _check_sensitive_pool(state: GlobalState, a: Allocation, nodes: list[Node]) -> None:
-    limit = state.sensitive_pool_size
-    if limit is None or not _is_sensitive(state, a):
-        return
-    new = sum(1 for n in nodes if not n.claimed_by)
-    if not new:
-        return
-    current = sum(1 for n in state.nodes.values() if n.claimed_by)
-    if current + new > limit:
-        raise QuotaExceeded(
-            f"allocation rejected: would exceed sensitive_pool_size "
-            f"(current: {current}, requested: {new}, limit: {limit})",
-            details={"current": current, "requested": new, "limit": limit},
-            hint="Release idle sensitive claims (lattice node release NODE) or ask an "
-            "administrator to raise sensitive_pool_size.",
-        )
-
-
-def _check_max_nodes(t: Tenant, current: int, requested: int) -> None:
-    if t.max_nodes is not None and current + requested > t.max_nodes:
-        raise QuotaExceeded(
-            f'allocation rejected: tenant "{t.name}" would exceed max_nodes quota '
-            f"(current: {current}, requested: {requested}, limit: {t.max_nodes})",
-            details={"current": current, "requested": requested, "limit": t.max_nodes},
-            hint="Cancel running allocations or request a quota increase from your tenant admin.",
-        )
+def _claimed_nodes(state: GlobalState) -> int:
+    return sum(1 for n in state.nodes.values() if n.claimed_by)
 
 
 def _take(state: GlobalState, n: Node, a: Allocation, vcluster: str, now: float) -> None:
     n.owner = a.id
     n.owner_tenant = a.spec.tenant
     n.owner_vcluster = vcluster or a.spec.vcluster
-    if _is_sensitive(state, a) and not n.claimed_by:
+    if assignment.is_sensitive(a, state.vclusters) and not n.claimed_by:
         # the claim outlives the allocation: idle claimed nodes stay with their user
         n.claimed_by = claimant(a)
         n.claimed_at = now
@@ -597,7 +512,7 @@ def _scale(state: GlobalState, cmd: c.ScaleAllocation, ch: Changes) -> c.Command
             f"allocation {a.id} has a fixed node count",
             hint="Only allocations submitted with a node range (--nodes MIN-MAX) scale.",
         )
-    _check_fresh("allocation", a.id, a.revision, cmd.expected_revision)
+    assignment.check_fresh("allocation", a.id, a.revision, cmd.expected_revision)
     add, remove = list(cmd.add_node_ids), list(cmd.remove_node_ids)
     if not add and not remove:
         raise ValidationError("scale needs nodes to add or remove")
@@ -615,13 +530,19 @@ def _scale(state: GlobalState, cmd: c.ScaleAllocation, ch: Changes) -> c.Command
             f"scaling would give {size}"
         )
     nodes = [_node(state, nid) for nid in add]
+    sensitive = assignment.is_sensitive(a, state.vclusters)
     for n in nodes:
-        _check_fresh("node", n.id, n.revision, cmd.expected_revision)
-        _check_takeable(state, n, a)
-    _check_sensitive_pool(state, a, nodes)
+        assignment.check_fresh("node", n.id, n.revision, cmd.expected_revision)
+        assignment.check_takeable(n, a, sensitive=sensitive)
+    assignment.check_sensitive_pool(
+        nodes,
+        sensitive=sensitive,
+        limit=state.sensitive_pool_size,
+        claimed=lambda: _claimed_nodes(state),
+    )
     t = state.tenants.get(a.spec.tenant)
     if t is not None and nodes:
-        _check_max_nodes(t, _tenant_usage(state, t.name)[0], len(nodes))
+        assignment.check_max_nodes(t, _tenant_usage(state, t.name)[0], len(nodes))
     _bump(state)
     for n in nodes:
         _take(state, n, a, cmd.vcluster, cmd.now)
@@ -777,30 +698,7 @@ def _requeue_cmd(state: GlobalState, cmd: c.RequeueAllocation, ch: Changes) -> c
 def _preempt(state: GlobalState, cmd: c.PreemptAllocation, ch: Changes) -> c.CommandResult:
     a = _alloc(state, cmd.allocation_id)
     p = _alloc(state, cmd.preemptor_id)
-    if a.state != AllocationState.RUNNING:
-        raise InvalidTransition(
-            f"allocation {a.id} is {a.state.value}; only running allocations can be preempted",
-            details={"allocation": a.id, "state": a.state.value},
-        )
-    # the home vCluster reclaiming a borrowed node may preempt whatever class runs there
-    reclaim = a.spec.vcluster != p.spec.vcluster and any(
-        (n := state.nodes.get(nid)) is not None and n.home_vcluster == p.spec.vcluster
-        for nid in a.assigned_nodes
-    )
-    if a.spec.preemption_class >= NEVER_PREEMPTED_CLASS or (
-        a.spec.preemption_class >= p.spec.preemption_class and not reclaim
-    ):
-        raise ValidationError(
-            f"allocation {a.id} (class {a.spec.preemption_class}) cannot be preempted by "
-            f"{p.id} (class {p.spec.preemption_class}): preemption only moves down",
-            details={
-                "victim_class": a.spec.preemption_class,
-                "preemptor_class": p.spec.preemption_class,
-            },
-        )
-    if p.state != AllocationState.PENDING:
-        raise InvalidTransition(f"preemptor {p.id} is {p.state.value}, not Pending")
-    check_transition(a.id, a.state, AllocationState.CHECKPOINTING)
+    assignment.check_preemption(a, p, state.nodes)
     _bump(state)
     a.state = AllocationState.CHECKPOINTING
     a.preempted_by = p.id

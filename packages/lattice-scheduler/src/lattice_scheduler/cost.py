@@ -35,7 +35,7 @@ from lattice_common.types import (
     Tenant,
 )
 
-from lattice_scheduler.profiles import WEIGHT_PROFILES, profile_for_scheduler_type
+from lattice_scheduler.profiles import WEIGHT_NAMES, WEIGHT_PROFILES, profile_for_scheduler_type
 
 __all__ = [
     "ALPHA_MULTI_NODE",
@@ -137,20 +137,8 @@ burst allowance a tenant scores like one with an exhausted budget: effective sta
 while anyone else waits, never a hard block (soft quotas "influence scheduling score
 but don't hard-block")."""
 
-FACTOR_NAMES: tuple[str, ...] = CostWeights.__struct_fields__
+FACTOR_NAMES: tuple[str, ...] = WEIGHT_NAMES
 """f1..f9 in order: the CostWeights field names w1..w9."""
-
-_SHORT_NAMES: tuple[str, ...] = (
-    "priority",
-    "wait_time",
-    "fair_share",
-    "topology",
-    "data_readiness",
-    "backlog",
-    "energy",
-    "checkpoint",
-    "conformance",
-)
 
 
 def _clamp01(x: float) -> float:
@@ -798,13 +786,11 @@ def breakdown(
     )
     out: dict[str, float] = {}
     raw = 0.0
-    for i, (name, short, value) in enumerate(
-        zip(FACTOR_NAMES, _SHORT_NAMES, values, strict=True), start=1
-    ):
+    for i, (name, value) in enumerate(zip(FACTOR_NAMES, values, strict=True), start=1):
         weight = float(getattr(weights, name))
-        out[f"f{i}_{short}"] = value
-        out[f"w{i}_{short}"] = weight
-        out[f"c{i}_{short}"] = weight * value
+        out[f"f{i}_{name}"] = value
+        out[f"w{i}_{name}"] = weight
+        out[f"c{i}_{name}"] = weight * value
         raw += weight * value
     tenant = a.spec.tenant
     fraction = ctx.budget_fraction_used.get(tenant)

@@ -10,7 +10,8 @@ Steps, by the vCluster's scheduler type:
 * queue: its Pending allocations, minus those held back (preempted ones waiting for
   their preemptor to start, ``exclude``), within their task-group limits;
 * order: Score(j) = sum w_i f_i(j) with the vCluster's current weights
-  (``cost.build_context`` + ``cost.score``); arrival order for ``interactive-fifo``;
+  (``cost.build_context`` with the budget window ``scheduling.budget_period_days``,
+  as the API's usage, + ``cost.score``); arrival order for ``interactive-fifo``;
 * solve: ``solver.solve`` (GreedyTopologyAwareBackfill) with the vCluster's backfill
   depth (``hpc-backfill``), none for ``interactive-fifo``, ``service-binpack`` (services
   have no walltime to reserve around: the solver's tightest-fitting-group choice packs
@@ -34,6 +35,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 import msgspec
+from lattice_common import ledger
 from lattice_common.types import (
     NEVER_PREEMPTED_CLASS,
     Allocation,
@@ -97,7 +99,12 @@ def backfill_depth(m: StateMirror, vc: str) -> int:
 
 
 def scorer(
-    m: StateMirror, vc: str, now: float, ctx: cost.ScoringContext | None = None
+    m: StateMirror,
+    vc: str,
+    now: float,
+    ctx: cost.ScoringContext | None = None,
+    *,
+    budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
 ) -> Callable[[Allocation], float]:
     """This cycle's ordering for a vCluster: Score(j) = sum w_i f_i(j) with the
     vCluster's current weights (re-read every cycle, so set-weights needs no restart),
@@ -107,7 +114,7 @@ def scorer(
     if v is not None and v.scheduler_type == SchedulerType.INTERACTIVE_FIFO:
         return lambda a: -a.submitted_at
     if ctx is None:
-        ctx = cost.build_context(m, now, vcluster=vc)
+        ctx = cost.build_context(m, now, vcluster=vc, budget_period_days=budget_period_days)
     weights = v.weights if v is not None else CostWeights()
     return lambda a: cost.score(a, ctx, weights)
 
@@ -149,12 +156,18 @@ def solver_order(pending: Iterable[Allocation], scores: Mapping[str, float]) -> 
     )
 
 
-def queue_order(m: StateMirror, vc: str, now: float) -> tuple[str, ...]:
+def queue_order(
+    m: StateMirror,
+    vc: str,
+    now: float,
+    *,
+    budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
+) -> tuple[str, ...]:
     """The order the solver would consider this vCluster's queue in at ``now``."""
     pending, _, _ = queue(m, vc, held_back_ids(m))
     if not pending:
         return ()
-    score = scorer(m, vc, now)
+    score = scorer(m, vc, now, budget_period_days=budget_period_days)
     return solver_order(pending, {a.id: float(score(a)) for a in pending})
 
 
@@ -172,6 +185,7 @@ def decide_vcluster(
     preemption_policy: PreemptionPolicy | None = None,
     exclude: Collection[str] | None = None,
     home_pools: Collection[str] | None = None,
+    budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
 ) -> CycleDecision:
     """One vCluster's part of a scheduling cycle on the mirror ``m`` at ``now`` (see the
     module docstring). Pure: reads ``m``, changes nothing.
@@ -180,7 +194,8 @@ def decide_vcluster(
     the live loop adds those whose assignment is still in flight). ``topology``
     defaults to a model built from ``m.nodes``. ``home_pools``: the set of nodes'
     ``home_vcluster`` values when the caller knows it (lets borrowing and reclaiming
-    skip a scan of every node when no other pool exists; the outcome is the same)."""
+    skip a scan of every node when no other pool exists; the outcome is the same).
+    ``budget_period_days``: the budget ledger's window (``scheduling.budget_period_days``)."""
     policy = preemption_policy or PreemptionPolicy()
     if exclude is None:
         exclude = held_back_ids(m)
@@ -199,9 +214,11 @@ def decide_vcluster(
             pending_ids=[a.id for a in pending],
             holding_ids=m.holding,
         )
-        waiting = [Pending(w.allocation_id, w.reason) for w in (*waiting, *limited)]
+        waiting = [*waiting, *limited]
         return CycleDecision(
-            preemptions=preempt_for(m, vc, waiting, [], now, policy, home_pools),
+            preemptions=preempt_for(
+                m, vc, waiting, [], now, policy, home_pools, budget_period_days=budget_period_days
+            ),
             waiting=waiting,
             queue=pending,
             nothing_free=True,
@@ -210,7 +227,7 @@ def decide_vcluster(
         topology = TopologyModel.from_nodes(m.nodes)
     depth = backfill_depth(m, vc)
     t0 = time.perf_counter()
-    ctx = cost.build_context(m, now, vcluster=vc)
+    ctx = cost.build_context(m, now, vcluster=vc, budget_period_days=budget_period_days)
     score = scorer(m, vc, now, ctx)
     cost_seconds = time.perf_counter() - t0
     if kind == SchedulerType.SENSITIVE_RESERVATION:
@@ -230,7 +247,7 @@ def decide_vcluster(
         )
         proposals, waiting = list(result.proposals), list(result.pending)
         scores, reservations = dict(result.scores), list(result.reservations)
-    waiting = [*waiting, *(Pending(w.allocation_id, w.reason) for w in limited)]
+    waiting = [*waiting, *limited]
     proposals, waiting = shrink_ranges(m, vc, pending, proposals, waiting, now)
     if kind != SchedulerType.SENSITIVE_RESERVATION:  # claimed nodes are not interchangeable
         proposals = prefer_intra_node(m, vc, proposals, reservations, topology)
@@ -491,6 +508,8 @@ def preempt_for(
     policy: PreemptionPolicy,
     home_pools: Collection[str] | None = None,
     ctx: cost.ScoringContext | None = None,
+    *,
+    budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
 ) -> list[Preemption]:
     """Victims for the highest blocked allocations (at most
     ``PREEMPTION_CANDIDATES_PER_CYCLE`` of them), burst allocations first (tenants at
@@ -523,7 +542,7 @@ def preempt_for(
         if allocs[i].state == AllocationState.CHECKPOINTING
     }
     jobs = order_pending(allocs[i] for i in occupied)
-    ctx = ctx or cost.build_context(m, now, vcluster=vc)
+    ctx = ctx or cost.build_context(m, now, vcluster=vc, budget_period_days=budget_period_days)
     over_share, below_share = cost.over_share_tenants(ctx), cost.below_share_tenants(ctx)
     chosen: set[str] = set()
     out: list[Preemption] = []

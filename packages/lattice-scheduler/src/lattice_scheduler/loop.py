@@ -16,6 +16,7 @@ import logging
 import time
 
 from lattice_common import commands as c
+from lattice_common import ledger
 from lattice_common.errors import LatticeError
 from lattice_common.rpc import RemoteQuorum
 from lattice_common.types import Allocation, AllocationState
@@ -86,12 +87,15 @@ class Scheduler:
         cycle_interval: float = 5.0,
         reconnect_delay: float = 0.5,
         trace: TraceCapture | None = None,
+        budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
     ) -> None:
         self.quorum = quorum
         self.vclusters = list(vclusters)
         self.cycle_interval = cycle_interval
         self.reconnect_delay = reconnect_delay
         self.trace = trace
+        # the budget penalty's window: the API reports usage over the same one
+        self.budget_period_days = budget_period_days
         self.mirror = StateMirror()
         self.preemption_policy = PreemptionPolicy()
         self.synced = asyncio.Event()
@@ -164,6 +168,7 @@ class Scheduler:
                 topology=topology,
                 preemption_policy=self.preemption_policy,
                 exclude=exclude,
+                budget_period_days=self.budget_period_days,
             )
             QUEUE_DEPTH.labels(vc).set(len(d.queue))
             if d.queue and not d.nothing_free:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from lattice_common.config import load_config
 from lattice_common.errors import LatticeError
 from lattice_common.process import daemon_main, run_until_signal, start_metrics
 from lattice_common.rpc import Endpoints, RemoteQuorum
+
+if TYPE_CHECKING:  # the loop (prometheus, asyncio) loads only when the daemon starts
+    from lattice_scheduler.loop import Scheduler
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,13 +42,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def run(args: argparse.Namespace) -> None:
+def build_scheduler(args: argparse.Namespace) -> Scheduler:
+    """The scheduler the command line and config file describe (starts nothing but
+    the metrics endpoint). ``scheduling.budget_period_days`` is the window of the
+    budget penalty, as of the usage the API reports."""
     from lattice_scheduler.loop import Scheduler
 
     cfg = load_config(args.config)
     interval = args.cycle_interval or cfg.scheduling.cycle_interval_seconds
     if interval <= 0:
-        raise LatticeError("--cycle-interval must be greater than zero")
+        raise LatticeError(
+            "--cycle-interval must be greater than zero",
+            hint="Give seconds between cycles, e.g. --cycle-interval 5.",
+        )
     start_metrics(
         cfg.scheduling.metrics_listen if args.metrics_listen is None else args.metrics_listen
     )
@@ -60,13 +70,17 @@ async def run(args: argparse.Namespace) -> None:
                 hint="Set scheduling.trace_path to a local JSONL file.",
             )
         trace = TraceCapture(cfg.scheduling.trace_path)
-    sched = Scheduler(
+    return Scheduler(
         RemoteQuorum(Endpoints(args.quorum_endpoint), token=token),
         vclusters,
         cycle_interval=interval,
         trace=trace,
+        budget_period_days=cfg.scheduling.budget_period_days,
     )
-    await run_until_signal(sched.run())
+
+
+async def run(args: argparse.Namespace) -> None:
+    await run_until_signal(build_scheduler(args).run())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,8 +1,11 @@
 """The foundation's placement core: order pending allocations and pick free nodes.
 
-Plain functions over plain data (a StateMirror's dicts): no clock, no I/O. The full
-cost function and GreedyTopologyAwareBackfill replace ``order_pending`` and
-``pick_nodes`` in the scheduling-engine work; ``plan_cycle`` keeps its shape.
+Plain functions over plain data (a StateMirror's dicts): no clock, no I/O. The live
+cycle orders and places with the cost function and GreedyTopologyAwareBackfill
+(``solver.solve``); it still uses ``plan_cycle`` for the pending reasons of a cycle in
+which no node is free, ``eligible``, ``order_pending`` and ``limit_task_groups``.
+RM-Replay's baselines pack with ``pick_nodes``. Node matching is the one hard filter,
+``filters.node_satisfies``; the result types are the solver's.
 """
 
 from __future__ import annotations
@@ -10,28 +13,23 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
-import msgspec
 from lattice_common.types import (
     HOLDING_STATES,
     Allocation,
     AllocationState,
-    Constraints,
     Node,
     NodeState,
     Tenant,
 )
 
-
-class Proposal(msgspec.Struct, frozen=True):
-    allocation_id: str
-    node_ids: tuple[str, ...]
-
-
-class Pending(msgspec.Struct, frozen=True):
-    """Why an allocation was not placed this cycle (shown to users later)."""
-
-    allocation_id: str
-    reason: str
+from lattice_scheduler.filters import node_satisfies
+from lattice_scheduler.solver import (
+    REASON_NO_MATCH,
+    REASON_OCCUPIED,
+    REASON_QUOTA,
+    Pending,
+    Proposal,
+)
 
 
 def order_pending(
@@ -47,17 +45,6 @@ def order_pending(
 def order_fifo(allocs: Iterable[Allocation]) -> list[Allocation]:
     """interactive-fifo: strict arrival order."""
     return sorted(allocs, key=lambda a: (a.submitted_at, a.id))
-
-
-def satisfies(node: Node, c: Constraints) -> bool:
-    caps = node.capabilities
-    if c.gpu_type and caps.gpu_type.lower() != c.gpu_type.lower():
-        return False
-    if c.gpu_count and caps.gpu_count < c.gpu_count:
-        return False
-    if c.memory_gb and caps.memory_gb < c.memory_gb:
-        return False
-    return not (c.features and not set(c.features) <= set(caps.features))
 
 
 def pick_nodes(candidates: list[Node], count: int) -> list[Node] | None:
@@ -133,13 +120,9 @@ def plan_cycle(
                 for n in nodes.values()
                 if n.state not in (NodeState.DOWN, NodeState.FAILED)
                 and n.home_vcluster in ("", vcluster)
-                and satisfies(n, c)
+                and node_satisfies(n, a.spec)
             )
-        reason = (
-            "all suitable nodes occupied"
-            if usable >= a.spec.nodes
-            else "no nodes matching constraints"
-        )
+        reason = REASON_OCCUPIED if usable >= a.spec.nodes else REASON_NO_MATCH
         return Pending(a.id, reason)
 
     free = [n for n in nodes.values() if eligible(n, vcluster)]
@@ -170,9 +153,9 @@ def plan_cycle(
                 and used_allocs[t.name] + 1 > t.max_concurrent_allocations
             )
         ):
-            waiting.append(Pending(a.id, "waiting for quota headroom"))
+            waiting.append(Pending(a.id, REASON_QUOTA))
             continue
-        matching = [n for n in free if n.id not in taken and satisfies(n, a.spec.constraints)]
+        matching = [n for n in free if n.id not in taken and node_satisfies(n, a.spec)]
         chosen = pick_nodes(matching, a.spec.nodes)
         if chosen is None:
             waiting.append(not_now(a))

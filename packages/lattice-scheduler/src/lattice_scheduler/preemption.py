@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable, Mapping
 import msgspec
 from lattice_common.types import NEVER_PREEMPTED_CLASS, Allocation, AllocationState, Node
 
-from lattice_scheduler.placement import satisfies
+from lattice_scheduler.filters import node_satisfies
 
 NON_PREEMPTIBLE_FROM_CLASS = 7
 """checkpoint: None AND class >= 7 is effectively non-preemptible; until the checkpoint
@@ -119,8 +119,8 @@ def select_victims(
     ``job``'s tenant is over its share; None when no valid set of at most
     ``max_victims`` exists."""
     policy = policy or PreemptionPolicy()
-    c = job.spec.constraints
-    have = sum(1 for n in free_nodes if satisfies(n, c))
+    spec = job.spec
+    have = sum(1 for n in free_nodes if node_satisfies(n, spec))
     need = job.spec.nodes - have
     if need <= 0:
         return []
@@ -133,7 +133,9 @@ def select_victims(
             continue
         if v.spec.tenant in owed and v.id not in reclaimable:
             continue
-        usable = [nodes[n] for n in v.assigned_nodes if n in nodes and satisfies(nodes[n], c)]
+        usable = [
+            nodes[n] for n in v.assigned_nodes if n in nodes and node_satisfies(nodes[n], spec)
+        ]
         if not usable:
             continue  # freeing it would not help this job
         gpn = max((n.capabilities.gpu_count for n in usable), default=1)

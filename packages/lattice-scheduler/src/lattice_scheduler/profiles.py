@@ -5,9 +5,11 @@ Algorithm chapter), copied value for value; each column sums to 1.00. The balanc
 HPC baseline (``CostWeights()`` in lattice_common) is not one of them: the spec says
 it "is not identical to any named profile ... it is a general-purpose starting point".
 
-``weights_from_mapping`` reads the YAML shape of the Performance Tuning Guide
-(``priority``, ``wait_time``, ..., ``checkpoint``, ``conformance``), so RM-Replay
-profile files and vCluster configs use the names operators see in the docs.
+Weight names are the ``CostWeights`` field names (:data:`WEIGHT_NAMES`, w1..w9 in
+order); w8 is ``checkpoint_efficiency``. ``weights_from_mapping`` also reads the other
+spellings of ``lattice_common.types.WEIGHT_ALIASES`` (the Performance Tuning Guide's
+YAML writes ``checkpoint:``), so RM-Replay profile files and vCluster configs written
+from the docs load as they are; ``weights_as_mapping`` writes the field names.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import math
 from collections.abc import Mapping
 
 import msgspec
-from lattice_common.types import CostWeights
+from lattice_common.types import WEIGHT_ALIASES, CostWeights
+
+WEIGHT_NAMES: tuple[str, ...] = tuple(f.name for f in msgspec.structs.fields(CostWeights))
+"""w1..w9 in order: the one name of each weight."""
 
 # | Weight            | HPC Batch | ML Training | Service | Sensitive | Interactive |
 # | w1 (priority)     | 0.15      | 0.10        | 0.15    | 0.90      | 0.10        |
@@ -98,21 +103,9 @@ SCHEDULER_TYPE_PROFILES: dict[str, str] = {
     "interactive-fifo": "interactive",
 }
 
-# YAML key (Performance Tuning Guide, ``lattice admin vcluster set-weights`` flags with
-# dashes as underscores) -> CostWeights field.
-WEIGHT_KEYS: dict[str, str] = {
-    "priority": "priority",
-    "wait_time": "wait_time",
-    "fair_share": "fair_share",
-    "topology": "topology",
-    "data_readiness": "data_readiness",
-    "data_ready": "data_readiness",
-    "backlog": "backlog",
-    "energy": "energy",
-    "checkpoint": "checkpoint_efficiency",
-    "checkpoint_efficiency": "checkpoint_efficiency",
-    "conformance": "conformance",
-}
+# Accepted key (dashes read as underscores) -> CostWeights field: the field names and
+# their aliases.
+WEIGHT_KEYS: dict[str, str] = {**{n: n for n in WEIGHT_NAMES}, **WEIGHT_ALIASES}
 
 
 def profile_for_scheduler_type(scheduler_type: str) -> CostWeights:
@@ -128,8 +121,9 @@ def profile_for_scheduler_type(scheduler_type: str) -> CostWeights:
 def weights_from_mapping(
     values: Mapping[str, float], *, base: CostWeights | None = None
 ) -> CostWeights:
-    """CostWeights from a Tuning-Guide-style mapping (``{"priority": 0.2, ...,
-    "checkpoint": 0.0}``); keys may use dashes (``wait-time``). Missing keys keep
+    """CostWeights from a mapping of weight names (``{"priority": 0.2, ...,
+    "checkpoint_efficiency": 0.0}``) or their aliases (the Tuning Guide's
+    ``checkpoint``); keys may use dashes (``wait-time``). Missing keys keep
     ``base`` (default: the balanced baseline). Weights must be finite and >= 0; they
     need not sum to 1 (the spec's own tuning examples sum to 1.10)."""
     changes: dict[str, float] = {}
@@ -150,15 +144,5 @@ def weights_from_mapping(
 
 
 def weights_as_mapping(w: CostWeights) -> dict[str, float]:
-    """The Tuning Guide's YAML shape of ``w`` (``checkpoint`` for w8)."""
-    return {
-        "priority": w.priority,
-        "wait_time": w.wait_time,
-        "fair_share": w.fair_share,
-        "topology": w.topology,
-        "data_readiness": w.data_readiness,
-        "backlog": w.backlog,
-        "energy": w.energy,
-        "checkpoint": w.checkpoint_efficiency,
-        "conformance": w.conformance,
-    }
+    """``w`` as a weights mapping (the YAML shape), keyed by the weight names."""
+    return {n: getattr(w, n) for n in WEIGHT_NAMES}

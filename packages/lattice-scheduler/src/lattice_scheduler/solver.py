@@ -42,22 +42,10 @@ none of the reserved allocations is delayed. ``backfill_depth=1`` is EASY backfi
 greedy first fit, the foundation's behaviour); allocations blocked beyond the depth
 get no reservation and no protection.
 
-Constraint flags. ``Constraints`` has no fields yet for the memory-topology and
-conformance hints; they are read from ``constraints.features`` by
-:func:`constraint_flags` and are *not* required as node features:
-
-===========================  =========  ==================================================
-flag in constraints.features kind       effect
-===========================  =========  ==================================================
-``require_unified_memory``   hard       only nodes with a unified CPU-GPU memory domain
-                                        (node feature ``unified_memory``, or GH200/MI300A)
-``allow_cxl_memory``         opt-in     ``memory_gb`` may be met with local + CXL memory
-                                        (node feature ``cxl_memory_gb=<N>``)
-``require_conformance``      hard       all nodes share one conformance fingerprint (nodes
-                                        without one never qualify for multi-node jobs)
-``prefer_same_numa``         soft       single-NUMA / unified nodes first within a chosen
-``prefer_local_memory``                 group; reported as ``memory_locality``
-===========================  =========  ==================================================
+Hard filter: :func:`lattice_scheduler.filters.node_satisfies` (also used by preemption,
+the reasons of a cycle with nothing free and RM-Replay's baselines). Its constraint
+flags (``require_unified_memory``, ``require_conformance``, ``prefer_same_numa``, ...)
+live in ``constraints.features`` and are not node features; see :mod:`filters`.
 
 Power budget: optional ``power_headroom_kw`` (what the cycle may add) with per-node
 draws ``node_power_kw``; a selection that would exceed it waits with
@@ -83,30 +71,22 @@ from lattice_common.types import (
     Tenant,
 )
 
+from lattice_scheduler.filters import (
+    FLAG_PREFER_LOCAL_MEMORY,
+    FLAG_PREFER_SAME_NUMA,
+    FLAG_REQUIRE_CONFORMANCE,
+    constraint_flags,
+    filter_kwargs,
+    signature_matches,
+)
 from lattice_scheduler.topology import (
     UNUSABLE_STATES,
-    Signature,
     TopologyModel,
     fewest_groups,
     min_groups,
 )
 
 INF = math.inf
-
-FLAG_REQUIRE_UNIFIED_MEMORY = "require_unified_memory"
-FLAG_ALLOW_CXL_MEMORY = "allow_cxl_memory"
-FLAG_REQUIRE_CONFORMANCE = "require_conformance"
-FLAG_PREFER_SAME_NUMA = "prefer_same_numa"
-FLAG_PREFER_LOCAL_MEMORY = "prefer_local_memory"
-SOLVER_FLAGS = frozenset(
-    {
-        FLAG_REQUIRE_UNIFIED_MEMORY,
-        FLAG_ALLOW_CXL_MEMORY,
-        FLAG_REQUIRE_CONFORMANCE,
-        FLAG_PREFER_SAME_NUMA,
-        FLAG_PREFER_LOCAL_MEMORY,
-    }
-)
 
 REASON_QUOTA = "waiting for quota headroom"
 REASON_NO_MATCH = "no nodes matching constraints"
@@ -137,7 +117,7 @@ class Reservation(msgspec.Struct, frozen=True):
 
 
 class Pending(msgspec.Struct, frozen=True):
-    """Why an allocation was not placed this cycle (same shape as placement.Pending)."""
+    """Why an allocation was not placed this cycle (shown to users)."""
 
     allocation_id: str
     reason: str
@@ -152,61 +132,6 @@ class SolveResult(msgspec.Struct):
     @property
     def reasons(self) -> dict[str, str]:
         return {p.allocation_id: p.reason for p in self.pending}
-
-
-def constraint_flags(spec: AllocationSpec) -> frozenset[str]:
-    """The solver flags an allocation asks for (see the module docstring); they live in
-    ``constraints.features`` until ``Constraints`` has fields for them."""
-    feats = spec.constraints.features
-    if not feats:
-        return frozenset()
-    return frozenset(f for f in feats if f in SOLVER_FLAGS)
-
-
-def signature_matches(
-    sig: Signature,
-    *,
-    gpu_type: str = "",
-    gpu_count: int = 0,
-    memory_gb: int = 0,
-    features: frozenset[str] = frozenset(),
-    require_unified_memory: bool = False,
-    allow_cxl_memory: bool = False,
-) -> bool:
-    """The hard filter, for one capability signature (``gpu_type`` lower-cased)."""
-    if gpu_type and sig.gpu_type != gpu_type:
-        return False
-    if gpu_count and sig.gpu_count < gpu_count:
-        return False
-    if memory_gb:
-        mem = sig.memory_gb + (sig.cxl_memory_gb if allow_cxl_memory else 0)
-        if mem < memory_gb:
-            return False
-    if features and not features <= sig.features:
-        return False
-    return not (require_unified_memory and not sig.unified_memory)
-
-
-def node_satisfies(node: Node, spec: AllocationSpec) -> bool:
-    """Every hard constraint of ``spec`` holds on ``node`` (capabilities only)."""
-    caps = node.capabilities
-    return signature_matches(
-        Signature.of(caps.gpu_type, caps.gpu_count, caps.memory_gb, caps.features),
-        **_filter_kwargs(spec),
-    )
-
-
-def _filter_kwargs(spec: AllocationSpec) -> dict[str, object]:
-    c = spec.constraints
-    flags = constraint_flags(spec)
-    return {
-        "gpu_type": c.gpu_type.lower(),
-        "gpu_count": c.gpu_count,
-        "memory_gb": c.memory_gb,
-        "features": frozenset(f for f in c.features if f not in SOLVER_FLAGS),
-        "require_unified_memory": FLAG_REQUIRE_UNIFIED_MEMORY in flags,
-        "allow_cxl_memory": FLAG_ALLOW_CXL_MEMORY in flags,
-    }
 
 
 # --- selection over counts ------------------------------------------------------------
@@ -618,7 +543,7 @@ class _Cycle:
         return got
 
     def _view(self, spec: AllocationSpec, flags: frozenset[str]) -> _View:
-        kw = _filter_kwargs(spec)
+        kw = filter_kwargs(spec)
         numa = FLAG_PREFER_SAME_NUMA in flags or FLAG_PREFER_LOCAL_MEMORY in flags
         key = (*kw.values(), numa)
         v = self.views.get(key)

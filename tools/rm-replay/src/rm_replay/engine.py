@@ -5,7 +5,11 @@ State is a ``lattice_common.watch.StateMirror`` (allocations, nodes, tenants,
 vClusters and the pending/holding indexes), kept exactly as the quorum would keep it
 after each command: a policy (:mod:`rm_replay.policies`; ``lattice`` is the real
 scheduler) decides on it, and the engine applies the decision the way the quorum's
-``AssignNodes`` and ``PreemptAllocation`` do, then plays the consequences forward:
+``AssignNodes`` and ``PreemptAllocation`` do, with the quorum's own checks
+(``lattice_common.assignment``: Pending, node range, takeable nodes, sensitive claims,
+hard tenant quotas; preemption only downwards or to reclaim), then plays the
+consequences forward. Not replayed: sensitive node claims (a replayed sensitive
+allocation does not claim its nodes) and with them ``sensitive_pool_size``.
 
 * **arrival** at the submit time: the allocation becomes Pending (and, with
   ``schedule_on_arrival``, pokes the scheduler when some node is free, as the live
@@ -67,6 +71,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from lattice_common.assignment import check_assignment, check_preemption, is_sensitive
+from lattice_common.errors import LatticeError, NotFound
+from lattice_common.ledger import DEFAULT_BUDGET_PERIOD_DAYS
 from lattice_common.types import (
     Allocation,
     AllocationSpec,
@@ -380,6 +387,7 @@ class Replay:
         trace_name: str = "",
         preemption_policy: PreemptionPolicy | None = None,
         skip_unchanged_cycles: bool = True,
+        budget_period_days: float = DEFAULT_BUDGET_PERIOD_DAYS,
     ) -> None:
         if not cycle_interval > 0:
             raise ValueError("cycle_interval must be > 0")
@@ -397,7 +405,11 @@ class Replay:
             default_vcluster = named[0] if len(named) == 1 else DEFAULT_VCLUSTER
         self.default_vcluster = default_vcluster
         self.policy: Policy = (
-            make_policy(policy, preemption_policy=preemption_policy)
+            make_policy(
+                policy,
+                preemption_policy=preemption_policy,
+                budget_period_days=budget_period_days,
+            )
             if isinstance(policy, str)
             else policy
         )
@@ -787,24 +799,39 @@ class Replay:
             self.borrowers_on[h] -= 1
         job.borrow_homes = ()
 
+    def _node(self, node_id: str) -> Node:
+        n = self.m.nodes.get(node_id)
+        if n is None:
+            raise NotFound(f"node {node_id} not found")
+        return n
+
+    def _tenant_usage(self, tenant: str) -> tuple[int, int]:
+        """(nodes, allocations) ``tenant`` holds, as the quorum counts them."""
+        allocs = self.m.allocations
+        held = sum(1 for i in self.m.holding if allocs[i].spec.tenant == tenant)
+        return self.tenant_busy.get(tenant, 0), held
+
     def _assign(self, t: float, p: Placement) -> bool:
-        """``AssignNodes``: the quorum's checks, then the allocation runs."""
+        """``AssignNodes``: the quorum's checks (``lattice_common.assignment``), then
+        the allocation runs. Rejections are counted, as the live loop's are logged."""
         job = self.jobs.get(p.allocation_id)
-        if job is None or job.alloc.state != AllocationState.PENDING or not p.node_ids:
-            self.rejected += 1
-            return False
-        nodes = self.m.nodes
-        chosen: list[Node] = []
-        for nid in p.node_ids:
-            n = nodes.get(nid)
-            if n is None or n.owner or n.state != NodeState.READY:
-                self.rejected += 1
-                return False
-            chosen.append(n)
-        if len(set(p.node_ids)) != len(p.node_ids):
+        if job is None:
             self.rejected += 1
             return False
         a = job.alloc
+        m = self.m
+        try:
+            chosen = check_assignment(
+                a,
+                p.node_ids,
+                self._node,
+                sensitive=is_sensitive(a, m.vclusters),
+                tenant=m.tenants.get(a.spec.tenant),
+                tenant_usage=lambda: self._tenant_usage(a.spec.tenant),
+            )
+        except LatticeError:
+            self.rejected += 1
+            return False
         self.version += 1
         self.changes += 1
         vc = p.vcluster or a.spec.vcluster
@@ -851,20 +878,16 @@ class Replay:
         return True
 
     def _preempt(self, t: float, victim_id: str, preemptor_id: str) -> bool:
-        """``PreemptAllocation``: the quorum's checks, then the victim checkpoints."""
+        """``PreemptAllocation``: the quorum's checks (``lattice_common.assignment``),
+        then the victim checkpoints."""
         v = self.jobs.get(victim_id)
         p = self.jobs.get(preemptor_id)
         if v is None or p is None:
             return False
         a, pa = v.alloc, p.alloc
-        if a.state != AllocationState.RUNNING or pa.state != AllocationState.PENDING:
-            return False
-        nodes = self.m.nodes
-        reclaim = a.spec.vcluster != pa.spec.vcluster and any(
-            nodes[nid].home_vcluster == pa.spec.vcluster for nid in a.assigned_nodes
-        )
-        vc_, pc_ = a.spec.preemption_class, pa.spec.preemption_class
-        if vc_ >= NEVER_PREEMPTED_CLASS or (vc_ >= pc_ and not reclaim):
+        try:
+            check_preemption(a, pa, self.m.nodes)
+        except LatticeError:
             return False
         self.version += 1
         self.changes += 1
@@ -1139,6 +1162,7 @@ def simulate(
     trace_name: str = "",
     preemption_policy: PreemptionPolicy | None = None,
     skip_unchanged_cycles: bool = True,
+    budget_period_days: float = DEFAULT_BUDGET_PERIOD_DAYS,
 ) -> SimulationResult:
     """Replay ``trace_events`` on ``inventory`` with ``policy`` (``lattice``, ``fcfs`` or
     ``easy``); see the module docstring.
@@ -1151,7 +1175,8 @@ def simulate(
     ``skip_unchanged_cycles``: skip the decisions that provably cannot change
     anything (no pending allocation fits the free nodes; :meth:`Replay._unchanged`);
     False runs the policy in every cycle (same result, slower; for checking that
-    claim)."""
+    claim). ``budget_period_days``: the budget ledger's window for the budget penalty
+    (the live scheduler's ``scheduling.budget_period_days``, default 90)."""
     return Replay(
         trace_events,
         inventory,
@@ -1169,4 +1194,5 @@ def simulate(
         trace_name=trace_name,
         preemption_policy=preemption_policy,
         skip_unchanged_cycles=skip_unchanged_cycles,
+        budget_period_days=budget_period_days,
     ).run()

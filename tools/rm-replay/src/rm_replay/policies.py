@@ -13,11 +13,12 @@
   allocation starts now if it fits in free nodes and either ends (now + walltime)
   by the reservation or stays off the reserved nodes. Only the head is protected.
 
-The baselines allocate whole nodes with the live scheduler's own filter
-(``placement.satisfies``, with the solver's flags such as ``require_conformance``
-taken out of the features: the baselines ignore those hints) and pack with
-``placement.pick_nodes`` (fewest dragonfly groups); allocations that no node set
-could ever satisfy are passed over instead of blocking the queue. Neither preempts.
+The baselines allocate whole nodes with the live scheduler's one hard filter
+(``filters.node_satisfies``: the hard flags such as ``require_unified_memory`` hold,
+selection rules such as ``require_conformance`` and the ``prefer_*`` hints are not
+node features and the baselines ignore them) and pack with ``placement.pick_nodes``
+(fewest dragonfly groups); allocations that no node set could ever satisfy are passed
+over instead of blocking the queue. Neither preempts.
 """
 
 from __future__ import annotations
@@ -27,27 +28,14 @@ from collections.abc import Collection, Iterable
 from typing import Protocol
 
 import msgspec
-from lattice_common.types import (
-    Allocation,
-    AllocationSpec,
-    Constraints,
-    Node,
-    NodeState,
-)
+from lattice_common import ledger
+from lattice_common.types import Allocation, AllocationSpec, Node, NodeState
 from lattice_common.watch import StateMirror
 from lattice_scheduler import decide
-from lattice_scheduler.placement import (
-    pick_nodes,
-    satisfies,
-)
+from lattice_scheduler.filters import node_satisfies
+from lattice_scheduler.placement import pick_nodes
 from lattice_scheduler.preemption import PreemptionPolicy
-from lattice_scheduler.solver import (
-    SOLVER_FLAGS,
-    Pending,
-    Proposal,
-    Reservation,
-    node_satisfies,
-)
+from lattice_scheduler.solver import Pending, Proposal, Reservation
 from lattice_scheduler.topology import TopologyModel
 
 __all__ = [
@@ -58,7 +46,6 @@ __all__ = [
     "LatticePolicy",
     "Placement",
     "Policy",
-    "baseline_constraints",
     "lattice_decide",
     "make_policy",
 ]
@@ -156,6 +143,7 @@ def lattice_decide(
     preemption_policy: PreemptionPolicy | None = None,
     held_back: Collection[str] | None = None,
     home_pools: Collection[str] | None = None,
+    budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
 ) -> Decision:
     """``lattice_scheduler.decide.decide_vcluster`` (what the live scheduler runs for
     one vCluster each cycle) as a :class:`Decision`, plus the decision's
@@ -168,6 +156,7 @@ def lattice_decide(
         preemption_policy=preemption_policy,
         exclude=held_back,
         home_pools=home_pools,
+        budget_period_days=budget_period_days,
     )
     placements = [_placement(p, vc) for p in d.proposals]
     placements += [_placement(p, vc, borrowed=True) for p in d.borrowed]
@@ -191,21 +180,33 @@ def lattice_decide(
     )
 
 
-def lattice_queue_order(m: StateMirror, vc: str, now: float) -> tuple[str, ...]:
+def lattice_queue_order(
+    m: StateMirror,
+    vc: str,
+    now: float,
+    budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
+) -> tuple[str, ...]:
     """The order ``solver.solve`` sorts this vCluster's queue in at ``now``."""
-    return decide.queue_order(m, vc, now)
+    return decide.queue_order(m, vc, now, budget_period_days=budget_period_days)
 
 
 class LatticePolicy:
-    """The real scheduler (see :func:`lattice_decide`)."""
+    """The real scheduler (see :func:`lattice_decide`). ``budget_period_days``: the
+    budget ledger's window (the live scheduler's ``scheduling.budget_period_days``)."""
 
     name = "lattice"
     per_vcluster = True
     preempts = True
     borrows = True
 
-    def __init__(self, preemption_policy: PreemptionPolicy | None = None) -> None:
+    def __init__(
+        self,
+        preemption_policy: PreemptionPolicy | None = None,
+        *,
+        budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
+    ) -> None:
         self.preemption_policy = preemption_policy or PreemptionPolicy()
+        self.budget_period_days = budget_period_days
 
     def node_filter(self, node: Node, spec: AllocationSpec) -> bool:
         return node_satisfies(node, spec)
@@ -227,30 +228,15 @@ class LatticePolicy:
             topology=topology,
             preemption_policy=self.preemption_policy,
             home_pools=home_pools,
+            budget_period_days=self.budget_period_days,
         )
 
     def queue_order(self, m: StateMirror, now: float, *, vcluster: str | None) -> tuple[str, ...]:
         assert vcluster is not None
-        return lattice_queue_order(m, vcluster, now)
+        return lattice_queue_order(m, vcluster, now, self.budget_period_days)
 
 
 # --------------------------------------------------------------------------- baselines
-
-
-def baseline_constraints(spec: AllocationSpec) -> Constraints:
-    """The hard constraints the baselines check with ``placement.satisfies``: the
-    request without the solver's flags (``require_conformance`` and friends live in
-    ``features`` but are not node features)."""
-    c = spec.constraints
-    if not any(f in SOLVER_FLAGS for f in c.features):
-        return c
-    return Constraints(
-        gpu_type=c.gpu_type,
-        gpu_count=c.gpu_count,
-        features=[f for f in c.features if f not in SOLVER_FLAGS],
-        memory_gb=c.memory_gb,
-        topology=c.topology,
-    )
 
 
 def _end(a: Allocation, start: float) -> float:
@@ -271,11 +257,11 @@ class _ArrivalOrder:
         self._usable: dict[tuple[object, ...], int] = {}
 
     def node_filter(self, node: Node, spec: AllocationSpec) -> bool:
-        return satisfies(node, baseline_constraints(spec))
+        return node_satisfies(node, spec)
 
     def _never(self, a: Allocation, nodes: Iterable[Node]) -> bool:
         """No set of usable nodes (up or coming back, in its pool) could ever hold it."""
-        c = baseline_constraints(a.spec)
+        c = a.spec.constraints
         vc = a.spec.vcluster
         key = (vc, c.gpu_type, c.gpu_count, c.memory_gb, tuple(c.features))
         usable = self._usable.get(key)
@@ -286,7 +272,7 @@ class _ArrivalOrder:
                 if n.state not in (NodeState.DOWN, NodeState.FAILED)
                 and not n.disabled
                 and n.home_vcluster in ("", vc)
-                and satisfies(n, c)
+                and node_satisfies(n, a.spec)
             )
         return usable < max(1, a.spec.nodes)
 
@@ -357,7 +343,6 @@ class _ArrivalOrder:
     def _fit(
         a: Allocation, free: list[Node], taken: dict[str, float], avoid: set[str] | None
     ) -> list[Node] | None:
-        c = baseline_constraints(a.spec)
         vc = a.spec.vcluster
         cands = [
             n
@@ -365,7 +350,7 @@ class _ArrivalOrder:
             if n.id not in taken
             and n.home_vcluster in ("", vc)
             and (avoid is None or n.id not in avoid)
-            and satisfies(n, c)
+            and node_satisfies(n, a.spec)
         ]
         return pick_nodes(cands, max(1, a.spec.nodes))
 
@@ -408,7 +393,6 @@ class _ArrivalOrder:
         """(shadow time, reserved node ids) for the head: the earliest time ``k`` of
         its nodes are free by the walltimes known now, on the nodes freed last by
         then (so nodes free now stay open to backfill). (inf, {}) when never."""
-        c = baseline_constraints(head.spec)
         vc = head.spec.vcluster
         k = max(1, head.spec.nodes)
         avail: list[tuple[float, str]] = []
@@ -417,7 +401,7 @@ class _ArrivalOrder:
                 n.state != NodeState.READY
                 or n.disabled
                 or n.home_vcluster not in ("", vc)
-                or not satisfies(n, c)
+                or not node_satisfies(n, head.spec)
             ):
                 continue
             if n.id in taken:
@@ -459,10 +443,15 @@ class EasyPolicy(_ArrivalOrder):
 POLICIES = ("lattice", "fcfs", "easy")
 
 
-def make_policy(name: str, *, preemption_policy: PreemptionPolicy | None = None) -> Policy:
+def make_policy(
+    name: str,
+    *,
+    preemption_policy: PreemptionPolicy | None = None,
+    budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
+) -> Policy:
     """The policy called ``name`` (one of :data:`POLICIES`)."""
     if name == "lattice":
-        return LatticePolicy(preemption_policy)
+        return LatticePolicy(preemption_policy, budget_period_days=budget_period_days)
     if name == "fcfs":
         return FcfsPolicy()
     if name == "easy":

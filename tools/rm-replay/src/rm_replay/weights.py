@@ -12,9 +12,11 @@
       checkpoint: 0.00
       conformance: 0.10
 
-Keys are the guide's names (read by ``lattice_scheduler.profiles.weights_from_mapping``,
-which also takes ``checkpoint_efficiency``, ``data_ready`` and dashes) or ``w1`` ..
-``w9``. Also accepted:
+Keys are the ``CostWeights`` field names (``checkpoint_efficiency`` for w8), their
+aliases in ``lattice_common.types.WEIGHT_ALIASES`` (the guide's ``checkpoint``, as
+above, and ``data_ready``; dashes for underscores), read by
+``lattice_scheduler.profiles.weights_from_mapping``, or ``w1`` .. ``w9``. Written
+weights (``sim_config``, generated profiles) use the field names. Also accepted:
 
 * a profile name instead of a mapping (``ml-training: ml-training``), or a
   ``profile:`` key inside one (its values are the base; the other keys override);
@@ -41,6 +43,7 @@ from lattice_common.types import CostWeights
 from lattice_scheduler.profiles import (
     SCHEDULER_TYPE_PROFILES,
     WEIGHT_KEYS,
+    WEIGHT_NAMES,
     WEIGHT_PROFILES,
     profile_for_scheduler_type,
     weights_as_mapping,
@@ -52,17 +55,7 @@ from rm_replay.model import WeightsError
 __all__ = ["ANY_VCLUSTER", "W_KEYS", "load_weights", "weights_for", "weights_from_yaml_data"]
 
 ANY_VCLUSTER = "*"
-W_KEYS = {
-    "w1": "priority",
-    "w2": "wait_time",
-    "w3": "fair_share",
-    "w4": "topology",
-    "w5": "data_readiness",
-    "w6": "backlog",
-    "w7": "energy",
-    "w8": "checkpoint",
-    "w9": "conformance",
-}
+W_KEYS = {f"w{i}": name for i, name in enumerate(WEIGHT_NAMES, start=1)}
 _HINT = (
     "A weights file maps vCluster names to weights, e.g. 'hpc-batch: {priority: 0.2, "
     "wait_time: 0.25, ...}'. Weight keys: "
@@ -181,5 +174,5 @@ def weights_for(vcluster: str, weights: Mapping[str, CostWeights]) -> CostWeight
 
 
 def describe(weights: Mapping[str, CostWeights]) -> dict[str, dict[str, float]]:
-    """The Tuning Guide's mapping of each profile (for ``sim_config``)."""
+    """Each profile as a weights mapping (for ``sim_config``)."""
     return {vc: weights_as_mapping(w) for vc, w in sorted(weights.items())}
