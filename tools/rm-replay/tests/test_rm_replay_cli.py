@@ -54,6 +54,8 @@ def test_run_writes_the_result(files: Path, capsys: pytest.CaptureFixture[str]) 
         "easy",
         "--seed",
         "4",
+        "--budget-period-days",
+        "7",
         "--out",
         str(out),
     )
@@ -62,6 +64,7 @@ def test_run_writes_the_result(files: Path, capsys: pytest.CaptureFixture[str]) 
     assert (result["policy"], result["seed"], result["trace_name"]) == ("easy", 4, "t")
     assert len(result["jobs"]) == 3
     assert result["sim_config"]["default_vcluster"] == "hpc-batch"
+    assert result["sim_config"]["budget_period_days"] == 7
     assert (out / "timing.json").is_file()
     assert "3 allocations" in err
 

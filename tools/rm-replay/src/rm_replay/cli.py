@@ -353,6 +353,15 @@ def run_cmd(
         float,
         typer.Option("--sample-interval", min=0.001, help="Seconds between utilization samples."),
     ] = 300.0,
+    budget_period_days: Annotated[
+        float,
+        typer.Option(
+            "--budget-period-days",
+            min=0.001,
+            help="Rolling window of the budget ledger behind the budget penalty "
+            "(scheduling.budget_period_days).",
+        ),
+    ] = 90.0,
     max_time: Annotated[
         str | None,
         typer.Option(
@@ -412,6 +421,7 @@ def run_cmd(
                 checkpoint_success_rate=checkpoint_success_rate,
                 checkpoint_seconds=checkpoint_seconds,
                 sample_interval=sample_interval,
+                budget_period_days=budget_period_days,
                 default_vcluster=default_vcluster,
                 max_time=None if limit is None else start + limit,
                 trace_name=name or stem,

@@ -414,6 +414,7 @@ class Replay:
             else policy
         )
         self.weights = weights
+        self.budget_period_days = budget_period_days
         self.cycle_interval = float(cycle_interval)
         self.schedule_on_arrival = schedule_on_arrival
         self.backfill_depth = backfill_depth
@@ -1102,6 +1103,7 @@ class Replay:
             "checkpoint_success_rate": self.checkpoint_success_rate,
             "checkpoint_seconds": self.checkpoint_seconds,
             "sample_interval": self.sample_interval,
+            "budget_period_days": self.budget_period_days,
             "default_vcluster": self.default_vcluster,
             "max_time": self.max_time,
             "rm_replay_version": __version__,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from lattice_common.error_text import render_error
 
 __all__ = [
     "JOB_STATES",
@@ -84,10 +85,7 @@ class ReplayInputError(ValueError):
         return self
 
     def render(self) -> str:
-        out = f"Error: {self._located()}"
-        if self.hint:
-            out += f"\nHint: {self.hint}"
-        return out
+        return render_error(self._located(), hint=self.hint)
 
 
 class TraceError(ReplayInputError):
