@@ -1,5 +1,5 @@
 """Authentication (dev header, HS256 bearer tokens, agent token), role derivation from
-the specification's Roles table, and RBAC."""
+the specification's Roles table, and the roles of each permission (lattice_api.permissions)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import jwt
 import pytest
-from lattice_api.auth import RBAC, Authenticator, Identity, Role, authorize, role_from_claims
+from lattice_api.auth import Authenticator, Identity, Role, role_from_claims
+from lattice_api.permissions import ROLES, authorize
 from lattice_common.errors import PermissionDenied, Unauthenticated
 
 SECRET = "dev-secret-that-is-long-enough-for-hs256!"
@@ -237,7 +238,7 @@ def test_operator_can_administer_nodes_but_not_tenants() -> None:
 
 
 def test_system_admin_can_do_everything() -> None:
-    for op in [*RBAC, "some.future.operation"]:
+    for op in [*ROLES, "some.future.operation"]:
         authorize(who(Role.SYSTEM_ADMIN), op)
 
 

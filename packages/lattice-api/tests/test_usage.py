@@ -20,12 +20,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from grpclib.client import Channel
 from grpclib.const import Status
 from lattice_api.auth import Authenticator, Identity, Role
-from lattice_api.grpc_server import build_grpc_server
+from lattice_api.grpc.server import build_grpc_server
 from lattice_api.logs import LogProxy
 from lattice_api.node_monitor import NodeMonitor
-from lattice_api.rest import RestApi
-from lattice_api.service import LatticeService
-from lattice_api.usage import parse_days, period_days, tenant_usage, user_usage, window_from_range
+from lattice_api.operations import Operations
+from lattice_api.ops.usage import UsageOps, parse_days, window_from_range
+from lattice_api.rest.app import build_rest_app
 from lattice_common import commands as c
 from lattice_common.errors import NotFound, PermissionDenied, ValidationError
 from lattice_common.proto.lattice import v1
@@ -75,13 +75,13 @@ def test_window_from_range() -> None:
 
 
 def test_period_days_default_and_override() -> None:
-    class S:
-        pass
+    assert UsageOps(None).period_days == 90  # type: ignore[arg-type]
+    assert UsageOps(None, budget_period_days=30).period_days == 30  # type: ignore[arg-type]
+    assert isinstance(UsageOps(None, budget_period_days=30.0).period_days, int)  # type: ignore[arg-type]
 
-    s = S()
-    assert period_days(s) == 90
-    s.budget_period_days = 30  # type: ignore[attr-defined]
-    assert period_days(s) == 30
+
+def ops_for(m: QuorumMember, **kw: Any) -> Operations:
+    return Operations(m, monitor=NodeMonitor(m), logs=LogProxy(m), **kw)
 
 
 # --------------------------------------------------------------------------- a real member
@@ -157,8 +157,8 @@ async def seeded_member(tmp_path: Path) -> AsyncIterator[tuple[QuorumMember, flo
 
 async def test_tenant_usage_from_the_quorum(tmp_path: Path) -> None:
     async with seeded_member(tmp_path) as (m, t):
-        svc = LatticeService(m)
-        d = tenant_usage(svc, ADMIN, "physics", None, now=t)
+        u = UsageOps(m)
+        d = u.tenant_usage(ADMIN, "physics", None, now=t)
         assert d["tenant"] == "physics" and d["days"] == 90 and d["budget_period_days"] == 90
         assert d["until"] == t and d["since"] == pytest.approx(t - 90 * DAY)
         assert d["node_hours"] == pytest.approx(4.5)  # 2 h x 2 nodes + 0.5 h x 1 node
@@ -184,29 +184,29 @@ async def test_tenant_usage_from_the_quorum(tmp_path: Path) -> None:
         json.dumps(d)  # JSON-able as is
 
         # a shorter window: usage shrinks, the budget is still judged over the period
-        short = tenant_usage(svc, ADMIN, "physics", 1, now=t + 0.5 * DAY)
+        short = u.tenant_usage(ADMIN, "physics", 1, now=t + 0.5 * DAY)
         assert short["days"] == 1
         assert short["node_hours"] == pytest.approx(4.0 + 12.5)
         assert short["node_hours_used"] == pytest.approx(4.0 + 12.5)
         assert short["budget_fraction_used"] == pytest.approx(1.65)
         assert short["node_hours_remaining"] == 0.0
 
-        bio = tenant_usage(svc, ADMIN, "bio", "365", now=t)
+        bio = u.tenant_usage(ADMIN, "bio", "365", now=t)
         assert bio["node_hours"] == pytest.approx(25.0) and bio["allocations"] == 2
         assert bio["budget_fraction_used"] is None and bio["node_hours_remaining"] is None
 
         with pytest.raises(NotFound) as e:
-            tenant_usage(svc, ADMIN, "nobody", None)
+            u.tenant_usage(ADMIN, "nobody", None)
         assert "admin tenant list" in e.value.hint
         with pytest.raises(ValidationError):
-            tenant_usage(svc, ADMIN, "physics", 0)
+            u.tenant_usage(ADMIN, "physics", 0)
 
 
 async def test_user_usage_from_the_quorum(tmp_path: Path) -> None:
     async with seeded_member(tmp_path) as (m, t):
-        svc = LatticeService(m)
+        u = UsageOps(m)
         alice = Identity("alice", Role.USER)
-        d = user_usage(svc, alice, None, None, now=t)  # the caller's own
+        d = u.user_usage(alice, None, None, now=t)  # the caller's own
         assert d["user"] == "alice" and d["tenant"] == "" and d["days"] == 90
         assert d["node_hours"] == pytest.approx(5.0) and d["gpu_hours"] == pytest.approx(16.0)
         assert d["allocations"] == 2 and d["running_allocations"] == 0
@@ -214,37 +214,33 @@ async def test_user_usage_from_the_quorum(tmp_path: Path) -> None:
             ("bio", 1.0),
             ("physics", 4.0),
         ]
-        year = user_usage(svc, alice, "alice", 365, now=t)
+        year = u.user_usage(alice, "alice", 365, now=t)
         assert year["node_hours"] == pytest.approx(29.0) and year["allocations"] == 3
-        only = user_usage(svc, alice, "alice", 90, tenant="bio", now=t)
+        only = u.user_usage(alice, "alice", 90, tenant="bio", now=t)
         assert only["tenant"] == "bio" and only["node_hours"] == pytest.approx(1.0)
-        nobody = user_usage(svc, ADMIN, "carol", 90, now=t)
+        nobody = u.user_usage(ADMIN, "carol", 90, now=t)
         assert nobody["node_hours"] == 0.0 and nobody["tenants"] == []
 
-        # others' usage needs permission; agents see none
+        # others' usage needs permission (an object-level check in the operation);
+        # agents see none (the permission table: test_rest_routes, test_grpc_admin_service)
         with pytest.raises(PermissionDenied):
-            user_usage(svc, alice, "bob", None)
-        bob = user_usage(svc, Identity("op", Role.OPERATOR), "bob", None, now=t)
+            u.user_usage(alice, "bob", None)
+        bob = u.user_usage(Identity("op", Role.OPERATOR), "bob", None, now=t)
         assert bob["node_hours"] == pytest.approx(0.5) and bob["running_allocations"] == 1
-        with pytest.raises(PermissionDenied):
-            user_usage(svc, Identity("lattice-agent", Role.AGENT), None, None)
-        with pytest.raises(PermissionDenied):
-            tenant_usage(svc, Identity("lattice-agent", Role.AGENT), "physics", None)
         with pytest.raises(NotFound):
-            user_usage(svc, alice, None, None, tenant="nobody")
+            u.user_usage(alice, None, None, tenant="nobody")
 
 
 async def test_rest_routes(tmp_path: Path) -> None:
     async with seeded_member(tmp_path) as (m, _t):
-        svc = LatticeService(m)
         auth = Authenticator(hmac_secret=SECRET, agent_token=AGENT_TOKEN)
-        rest = RestApi(svc, auth, NodeMonitor(m), LogProxy(m))
+        app = build_rest_app(ops_for(m), auth)
 
         def bearer(sub: str, **claims: Any) -> dict[str, str]:
             tok = jwt.encode({"sub": sub, "exp": int(time.time()) + 600, **claims}, SECRET)
             return {"authorization": f"Bearer {tok}"}
 
-        async with TestClient(TestServer(rest.app)) as client:
+        async with TestClient(TestServer(app)) as client:
             r = await client.get("/api/v1/tenants/physics/usage?days=90", headers=bearer("alice"))
             assert r.status == 200
             d = await r.json()
@@ -276,10 +272,10 @@ async def test_rest_routes(tmp_path: Path) -> None:
             assert r.status == 400
             r = await client.get("/api/v1/tenants/nobody/usage", headers=bearer("alice"))
             assert r.status == 404
-            r = await client.get(
-                "/api/v1/tenants/physics/usage",
-                headers={"authorization": f"Bearer {AGENT_TOKEN}"},
-            )
+            agent = {"authorization": f"Bearer {AGENT_TOKEN}"}
+            r = await client.get("/api/v1/tenants/physics/usage", headers=agent)
+            assert r.status == 403
+            r = await client.get("/api/v1/usage", headers=agent)
             assert r.status == 403
             r = await client.get("/api/v1/usage")
             assert r.status == 401
@@ -287,8 +283,7 @@ async def test_rest_routes(tmp_path: Path) -> None:
 
 async def test_grpc_admin_service(tmp_path: Path) -> None:
     async with seeded_member(tmp_path) as (m, t):
-        svc = LatticeService(m)
-        server = build_grpc_server(svc, Authenticator(), NodeMonitor(m), LogProxy(m))
+        server = build_grpc_server(ops_for(m), Authenticator(agent_token=AGENT_TOKEN))
         port = free_port()
         await server.start("127.0.0.1", port)
         channel = Channel("127.0.0.1", port)
@@ -331,6 +326,17 @@ async def test_grpc_admin_service(tmp_path: Path) -> None:
             with pytest.raises(grpclib.GRPCError) as e:
                 await stub.get_tenant_usage(v1.GetTenantUsageRequest())
             assert e.value.status == Status.INVALID_ARGUMENT
+
+            agent = v1.AdminServiceStub(
+                channel, timeout=10, metadata={"authorization": f"Bearer {AGENT_TOKEN}"}
+            )
+            for call in (
+                agent.get_tenant_usage(v1.GetTenantUsageRequest(tenant="physics")),
+                agent.get_user_usage(v1.GetUserUsageRequest()),
+            ):
+                with pytest.raises(grpclib.GRPCError) as e:
+                    await call
+                assert e.value.status == Status.PERMISSION_DENIED
         finally:
             channel.close()
             server.close()

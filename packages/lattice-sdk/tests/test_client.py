@@ -1,10 +1,12 @@
-"""Protocol tests of LatticeClient against a small in-process aiohttp server.
+"""Protocol tests of LatticeClient against the real REST server over a LocalQuorum.
 
-The server implements a few endpoints of the REST contract exactly as documented (paths,
-JSON shapes, the error envelope, NDJSON streams) and records what it receives, so these
-tests check the client's side of the wire: headers, bodies, query strings, error mapping
-and stream parsing. Every test runs with both transports (aiohttp and the standard-library
-one the CLI uses).
+The server is lattice-server's own aiohttp app (lattice_test_harness.local_api), seeded
+by proposing real commands; a recording middleware keeps what it receives, so these
+tests check the client's side of the wire (headers, bodies, query strings) and its
+mapping of real answers (records, the error envelope, NDJSON streams). Two transport
+edge cases a real server does not produce (an HTML error from a proxy, NDJSON lines
+split across writes) use a one-route stub. Every test runs with both transports
+(aiohttp and the standard-library one the CLI uses).
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from typing import Any
 
 import pytest
 from aiohttp import web
+from lattice_common import types as t
+from lattice_common.types import AllocationState
 from lattice_sdk import (
     Allocation,
     AllocationSpec,
@@ -28,9 +33,15 @@ from lattice_sdk import (
     LogLine,
 )
 from lattice_sdk import LatticeClient as _Client
+from lattice_test_harness.local_api import LocalApi, serve_local_api
+
+SECRET = "sdk-test-secret-that-is-long-enough-for-hs256!"
+AGENT_TOKEN = "sdk-agent-token-0123456789"
+NODE = "x1000c0s0b0n0"
 
 
 def alloc_json(alloc_id: str = "a1b2c3d4", state: str = "Pending", **extra: Any) -> dict:
+    """A record as a newer server might send it, with keys this SDK does not know."""
     data = {
         "id": alloc_id,
         "spec": {
@@ -59,214 +70,50 @@ def alloc_json(alloc_id: str = "a1b2c3d4", state: str = "Pending", **extra: Any)
     return data
 
 
-def error(status: int, code: str, message: str, details=None, hint: str = "") -> web.Response:
-    body = {"error": {"code": code, "message": message, "details": details or {}, "hint": hint}}
-    return web.json_response(body, status=status)
+def spec(user: str = "alice", **kw: Any) -> t.AllocationSpec:
+    base: dict[str, Any] = {
+        "entrypoint": "python train.py",
+        "tenant": "physics",
+        "vcluster": "gpu-batch",
+        "user": user,
+        "nodes": 1,
+        "name": "train",
+        "walltime_seconds": 86400,
+        "constraints": t.Constraints(gpu_type="GH200"),
+    }
+    return t.AllocationSpec(**{**base, **kw})
 
 
-class FakeApi:
-    """Records requests; answers like lattice-server does."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.app = web.Application()
-        r = self.app.router
-        r.add_get("/healthz", self.healthz)
-        r.add_post("/api/v1/allocations", self.submit)
-        r.add_get("/api/v1/allocations", self.list_allocations)
-        r.add_get("/api/v1/allocations/{id}", self.get_allocation)
-        r.add_delete("/api/v1/allocations/{id}", self.cancel)
-        r.add_get("/api/v1/allocations/{id}/watch", self.watch)
-        r.add_get("/api/v1/allocations/{id}/logs", self.logs)
-        r.add_get("/api/v1/allocations/{id}/logs/stream", self.stream_logs)
-        r.add_get("/api/v1/nodes", self.list_nodes)
-        r.add_post("/api/v1/nodes/{id}/{action}", self.node_action)
-        r.add_post("/api/v1/tenants", self.create_tenant)
-        r.add_patch("/api/v1/tenants/{name}", self.update_tenant)
-        r.add_get("/api/v1/vclusters", self.list_vclusters)
-        r.add_get("/api/v1/raft/status", self.raft_status)
-        r.add_get("/api/v1/proxy-error", self.proxy_error)
-
-    async def record(self, request: web.Request) -> dict[str, Any]:
-        body = await request.read()
-        entry = {
-            "method": request.method,
-            "path": request.path,
-            "query": dict(request.query),
-            "headers": dict(request.headers),
-            "json": json.loads(body) if body else None,
-        }
-        self.requests.append(entry)
-        return entry
-
-    async def healthz(self, request: web.Request) -> web.Response:
-        await self.record(request)
-        return web.json_response({"status": "ok", "member_id": 1})
-
-    async def submit(self, request: web.Request) -> web.Response:
-        entry = await self.record(request)
-        if request.headers.get("Authorization") == "Bearer bad":
-            return error(401, "unauthenticated", "invalid token")
-        spec = entry["json"]
-        if spec.get("nodes", 1) > 200:
-            return error(
-                400,
-                "invalid_argument",
-                'allocation rejected — tenant "physics" exceeds max_nodes quota',
-                {"current": "195 nodes in use", "limit": "200 nodes"},
-                "Cancel running allocations or request a quota increase.",
-            )
-        data = alloc_json("new00001")
-        data["spec"].update(spec)
-        return web.json_response(data, status=201)
-
-    async def list_allocations(self, request: web.Request) -> web.Response:
-        await self.record(request)
-        return web.json_response(
-            {"allocations": [alloc_json("a1"), alloc_json("a2", state="Running")]}
-        )
-
-    async def get_allocation(self, request: web.Request) -> web.Response:
-        await self.record(request)
-        alloc_id = request.match_info["id"]
-        if request.headers.get("Authorization") == "Bearer bad":
-            return error(401, "unauthenticated", "invalid token")
-        if alloc_id == "forbidden":
-            return error(403, "permission_denied", "not your allocation")
-        if alloc_id == "busy":
-            return error(503, "not_leader", "no leader", hint="Retry in a moment.")
-        if alloc_id != "a1b2c3d4":
-            return error(
-                404,
-                "not_found",
-                f"allocation {alloc_id} not found",
-                {"allocation": alloc_id},
-                "List your allocations with `lattice status`.",
-            )
-        return web.json_response(alloc_json())
-
-    async def cancel(self, request: web.Request) -> web.Response:
-        await self.record(request)
-        alloc_id = request.match_info["id"]
-        if alloc_id == "done":
-            return error(409, "invalid_transition", "allocation done is already Completed")
-        return web.json_response(alloc_json(alloc_id, state="Cancelled"))
-
-    async def watch(self, request: web.Request) -> web.StreamResponse:
-        await self.record(request)
-        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await resp.prepare(request)
-        events = [
-            {"revision": 7, "allocation": alloc_json(state="Pending")},
-            {"revision": 9, "allocation": alloc_json(state="Running", started_at=1.0)},
-            {"revision": 12, "allocation": alloc_json(state="Completed", exit_code=0)},
-        ]
-        payload = b"".join(json.dumps(e).encode() + b"\n" for e in events)
-        # Deliberately split mid-line and across writes to exercise buffering.
-        for i in range(0, len(payload), 97):
-            await resp.write(payload[i : i + 97])
-            await asyncio.sleep(0)
-        await resp.write_eof()
-        return resp
-
-    async def logs(self, request: web.Request) -> web.Response:
-        await self.record(request)
-        lines = [
-            {
-                "allocation_id": "a1b2c3d4",
-                "node_id": "n1",
-                "stream": "stdout",
-                "line": "Epoch 1/100, loss=2.341",
-                "timestamp": 1772704812.0,
-            },
-            {
-                "allocation_id": "a1b2c3d4",
-                "node_id": "n1",
-                "stream": "stderr",
-                "line": "warning: slow\n",
-                "timestamp": 1772704813.5,
-            },
-        ]
-        return web.json_response({"lines": lines})
-
-    async def stream_logs(self, request: web.Request) -> web.StreamResponse:
-        await self.record(request)
-        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await resp.prepare(request)
-        for i in range(3):
-            line = {
-                "allocation_id": "a1b2c3d4",
-                "node_id": f"n{i}",
-                "stream": "stdout",
-                "line": f"line {i}",
-                "timestamp": 1.0 + i,
-            }
-            await resp.write(json.dumps(line).encode() + b"\n")
-        await resp.write(b"\n")  # blank lines are skipped
-        await resp.write_eof()
-        return resp
-
-    async def list_nodes(self, request: web.Request) -> web.Response:
-        await self.record(request)
-        node = {
-            "id": "x1000c0s0b0n0",
-            "state": "Ready",
-            "capabilities": {"gpu_type": "GH200", "gpu_count": 4, "cpu_cores": 72},
-            "group": 3,
-            "new_field": 1,
-        }
-        return web.json_response({"nodes": [node]})
-
-    async def node_action(self, request: web.Request) -> web.Response:
-        entry = await self.record(request)
-        states = {"drain": "Draining", "undrain": "Ready", "disable": "Ready", "enable": "Ready"}
-        node = {
-            "id": request.match_info["id"],
-            "state": states[request.match_info["action"]],
-            "state_reason": entry["json"].get("reason", ""),
-        }
-        return web.json_response(node)
-
-    async def create_tenant(self, request: web.Request) -> web.Response:
-        entry = await self.record(request)
-        return web.json_response({"isolation": "standard", **entry["json"]}, status=201)
-
-    async def update_tenant(self, request: web.Request) -> web.Response:
-        entry = await self.record(request)
-        return web.json_response({"name": request.match_info["name"], **entry["json"]})
-
-    async def list_vclusters(self, request: web.Request) -> web.Response:
-        await self.record(request)
-        vc = {"name": "hpc-batch", "scheduler_type": "hpc-backfill", "weights": {"priority": 0.2}}
-        return web.json_response({"vclusters": [vc]})
-
-    async def raft_status(self, request: web.Request) -> web.Response:
-        await self.record(request)
-        return web.json_response(
-            {
-                "member_id": 1,
-                "leader_id": 1,
-                "leader_address": "127.0.0.1:9000",
-                "term": 3,
-                "commit_index": 42,
-                "members": [{"id": 1, "address": "127.0.0.1:9000", "state": "leader"}],
-            }
-        )
-
-    async def proxy_error(self, request: web.Request) -> web.Response:
-        return web.Response(status=502, text="<html>Bad Gateway</html>", content_type="text/html")
+def seed(api: LocalApi) -> dict[str, str]:
+    """physics/gpu-batch, one GH200 node, alice's pending job, a running one, a finished
+    one; returns their ids."""
+    api.add_tenant("physics", max_nodes=200)
+    api.add_tenant("ml-team")
+    api.add_vcluster("gpu-batch", weights=t.CostWeights(priority=0.2))
+    api.add_node(NODE, capabilities={"gpu_type": "GH200", "gpu_count": 4, "cpu_cores": 72}, group=3)
+    api.add_node("n2")
+    now = time.time()
+    ids = {"pending": api.submit(spec(), now=now - 30).id}
+    ids["running"] = api.submit(spec(), now=now - 20).id
+    api.start(ids["running"], ["n2"], now=now - 10)
+    ids["done"] = api.submit(spec(), now=now - 5).id
+    api.start(ids["done"], [NODE], now=now - 4)
+    api.set_state(ids["done"], AllocationState.COMPLETED, exit_code=0, now=now - 2)
+    return ids
 
 
 @pytest.fixture
 async def api():
-    fake = FakeApi()
-    runner = web.AppRunner(fake.app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    fake.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield fake
-    await runner.cleanup()
+    async with serve_local_api() as server:
+        server.ids = seed(server)  # type: ignore[attr-defined]
+        yield server
+
+
+@pytest.fixture
+async def secure_api():
+    async with serve_local_api(hmac_secret=SECRET, agent_token=AGENT_TOKEN) as server:
+        server.ids = seed(server)  # type: ignore[attr-defined]
+        yield server
 
 
 @pytest.fixture(params=["aiohttp", "asyncio"])
@@ -277,7 +124,8 @@ def transport(request) -> str:
 @pytest.fixture
 def client_for(api, transport):
     def make(**kwargs: Any) -> _Client:
-        return _Client("127.0.0.1", api.port, transport=transport, **kwargs)
+        kwargs.setdefault("headers", {})
+        return _Client("127.0.0.1", api.rest_port, transport=transport, **kwargs)
 
     return make
 
@@ -288,13 +136,24 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
+async def stub_server(handler: Any, path: str) -> tuple[web.AppRunner, int]:
+    """One route answering what a proxy or a slow network would, not lattice-server."""
+    app = web.Application()
+    app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
 # --------------------------------------------------------------------------- headers, bodies
 
 
 async def test_headers_token_user_and_tenant(api, client_for, monkeypatch):
     monkeypatch.setenv("USER", "alice")
     async with client_for(token="tok123", headers={"x-lattice-tenant": "physics"}) as client:
-        await client.status("a1b2c3d4")
+        await client.status(api.ids["pending"])
     headers = api.requests[-1]["headers"]
     assert headers["Authorization"] == "Bearer tok123"
     assert headers["x-lattice-user"] == "alice"
@@ -311,21 +170,24 @@ async def test_no_authorization_header_without_token(api, client_for, monkeypatc
     assert "x-lattice-tenant" not in headers
 
 
-async def test_submit_sends_spec_and_keeps_request_id(api, client_for):
+async def test_submit_sends_spec_and_keeps_request_id(api, client_for, monkeypatch):
+    monkeypatch.setenv("USER", "alice")
     spec = AllocationSpec(
         entrypoint="torchrun train.py",
         nodes=64,
         walltime="72h",
         tenant="ml-team",
+        vcluster="gpu-batch",
         constraints={"gpu_type": "GH200", "gpu_count": 4, "features": []},
         env={"OMP_NUM_THREADS": "8"},
     )
     async with client_for() as client:
         alloc = await client.submit(spec)
         first_id = spec.request_id
-        await client.submit(spec)  # a retry reuses the idempotency key
+        again = await client.submit(spec)  # a retry reuses the idempotency key
     assert isinstance(alloc, Allocation)
-    assert alloc.id == "new00001"
+    assert alloc.id in api.quorum.state.allocations and again.id == alloc.id  # no duplicate
+    assert alloc.spec.user == "alice" and alloc.spec.walltime_seconds == 72 * 3600
     assert len(first_id) == 32 and int(first_id, 16) >= 0
     bodies = [r["json"] for r in api.requests if r["method"] == "POST"]
     assert bodies[0]["request_id"] == bodies[1]["request_id"] == first_id
@@ -334,33 +196,51 @@ async def test_submit_sends_spec_and_keeps_request_id(api, client_for):
     assert body["nodes"] == 64
     assert body["constraints"] == {"gpu_type": "GH200", "gpu_count": 4}
     assert body["env"] == {"OMP_NUM_THREADS": "8"}
-    assert "requeue_policy" not in body and "vcluster" not in body  # server defaults
+    assert "requeue_policy" not in body  # the server's default applies
+    assert alloc.spec.raw["requeue_policy"] == "on_node_failure"
     assert api.requests[0]["headers"]["Content-Type"].startswith("application/json")
+
+
+async def test_unset_fields_are_left_to_the_server(api, client_for):
+    async with client_for() as client:
+        with pytest.raises(LatticeNotFoundError) as info:
+            await client.submit(AllocationSpec(entrypoint="x", walltime="1h", tenant="physics"))
+    assert "vcluster" not in api.requests[-1]["json"]  # not sent: the server decides
+    assert info.value.message == "no vCluster given"
+    assert info.value.details == {"available": "gpu-batch"}
 
 
 async def test_list_allocations_query(api, client_for):
     async with client_for() as client:
-        allocs = await client.list_allocations(state="running", vcluster="gpu", all=True, limit=5)
-    assert [a.id for a in allocs] == ["a1", "a2"]
-    assert allocs[1].state == "Running"
+        allocs = await client.list_allocations(
+            state="running", vcluster="gpu-batch", all=True, limit=5
+        )
+    assert [a.id for a in allocs] == [api.ids["running"]]
+    assert allocs[0].state == "Running"
     assert api.requests[-1]["query"] == {
         "state": "running",
-        "vcluster": "gpu",
+        "vcluster": "gpu-batch",
         "all": "true",
         "limit": "5",
     }
 
 
-async def test_status_builds_models_ignoring_unknown_keys(api, client_for):
+async def test_status_builds_models(api, client_for):
     async with client_for() as client:
-        alloc = await client.status("a1b2c3d4")
+        alloc = await client.status(api.ids["pending"])
     assert alloc.state == "Pending"
     assert alloc.name == "train"
     assert alloc.spec.walltime_seconds == 86400
+    assert alloc.spec.constraints["gpu_type"] == "GH200"
+    assert not alloc.terminal
+
+
+def test_models_ignore_unknown_keys_and_keep_them_raw():
+    alloc = Allocation.from_dict(alloc_json())
+    assert alloc.state == "Pending" and alloc.name == "train"
     assert alloc.spec.constraints == {"gpu_type": "GH200"}
     assert alloc.raw["unknown_top_level"] is True
     assert alloc.spec.raw["future_field"] == {"x": 1}
-    assert not alloc.terminal
 
 
 async def test_ids_are_quoted_in_paths(api, client_for):
@@ -374,7 +254,7 @@ async def test_ids_are_quoted_in_paths(api, client_for):
 # --------------------------------------------------------------------------- errors
 
 
-async def test_404_maps_to_not_found_with_details_and_hint(client_for):
+async def test_404_maps_to_not_found_with_hint(client_for):
     async with client_for() as client:
         with pytest.raises(LatticeNotFoundError) as info:
             await client.status("nope")
@@ -382,47 +262,80 @@ async def test_404_maps_to_not_found_with_details_and_hint(client_for):
     assert err.status_code == 404
     assert err.code == "not_found"
     assert err.message == "allocation nope not found"
-    assert err.details == {"allocation": "nope"}
+    assert err.details == {}
     assert err.hint == "List your allocations with `lattice status`."
     assert err.render().splitlines() == [
         "Error: allocation nope not found",
-        "  Allocation: nope",
         "Hint: List your allocations with `lattice status`.",
     ]
 
 
-@pytest.mark.parametrize(
-    ("alloc_id", "token", "cls", "status"),
-    [
-        ("a1b2c3d4", "bad", LatticeAuthError, 401),
-        ("forbidden", None, LatticeAuthError, 403),
-        ("busy", None, LatticeUnavailableError, 503),
-    ],
-)
-async def test_status_codes_map_to_classes(client_for, alloc_id, token, cls, status):
-    async with client_for(token=token) as client:
-        with pytest.raises(cls) as info:
-            await client.status(alloc_id)
-    assert info.value.status_code == status
-    assert isinstance(info.value, LatticeError)
-
-
-async def test_validation_and_conflict(client_for):
+async def test_error_details_are_rendered(client_for):
     async with client_for() as client:
         with pytest.raises(LatticeValidationError) as info:
-            await client.submit(AllocationSpec(entrypoint="x", nodes=500))
-        with pytest.raises(LatticeConflictError):
-            await client.cancel("done")
-    assert info.value.details == {"current": "195 nodes in use", "limit": "200 nodes"}
-    assert "quota" in info.value.hint
+            await client.list_allocations(state="bogus")
+    err = info.value
+    assert err.status_code == 400 and err.code == "invalid_argument"
+    assert "Running" in err.details["available"]
+    assert err.render().splitlines()[:2] == [
+        "Error: unknown state 'bogus'",
+        f"  Available: {err.details['available']}",
+    ]
 
 
-async def test_non_json_error_body(client_for):
+@pytest.mark.parametrize(
+    ("case", "cls", "status"),
+    [
+        ("bad-token", LatticeAuthError, 401),
+        ("agent-reads-tenants", LatticeAuthError, 403),
+        ("not-caught-up", LatticeUnavailableError, 503),
+    ],
+)
+async def test_status_codes_map_to_classes(secure_api, transport, case, cls, status):
+    token = {"bad-token": "bad", "agent-reads-tenants": AGENT_TOKEN}.get(case)
+    if case == "not-caught-up":
+        secure_api.quorum.caught_up = False
+        token = AGENT_TOKEN  # allowed to read allocations
+    async with _Client(
+        "127.0.0.1", secure_api.rest_port, transport=transport, token=token
+    ) as client:
+        with pytest.raises(cls) as info:
+            if case == "agent-reads-tenants":
+                await client.list_tenants()
+            else:
+                await client.status(secure_api.ids["pending"])
+    assert info.value.status_code == status
+    assert isinstance(info.value, LatticeError)
+    assert info.value.hint
+
+
+async def test_validation_and_conflict(api, client_for):
     async with client_for() as client:
-        with pytest.raises(LatticeUnavailableError) as info:
-            await client._call("GET", "/proxy-error")
-    assert info.value.status_code == 502
-    assert "502" in info.value.message and "Bad Gateway" in info.value.message
+        with pytest.raises(LatticeValidationError) as info:
+            await client.submit(
+                AllocationSpec(
+                    entrypoint="x", preemption_class=11, tenant="physics", vcluster="gpu-batch"
+                )
+            )
+        with pytest.raises(LatticeConflictError):
+            await client.cancel(api.ids["done"])
+    assert info.value.details == {"preemption_class": 11}
+    assert "best-effort" in info.value.hint
+
+
+async def test_non_json_error_body(transport):
+    async def bad_gateway(request):
+        return web.Response(status=502, text="<html>Bad Gateway</html>", content_type="text/html")
+
+    runner, port = await stub_server(bad_gateway, "/api/v1/proxy-error")
+    try:
+        async with _Client("127.0.0.1", port, transport=transport) as client:
+            with pytest.raises(LatticeUnavailableError) as info:
+                await client._call("GET", "/proxy-error")
+        assert info.value.status_code == 502
+        assert "502" in info.value.message and "Bad Gateway" in info.value.message
+    finally:
+        await runner.cleanup()
 
 
 async def test_connection_refused_names_endpoint(transport):
@@ -457,18 +370,56 @@ async def test_timeout_is_unavailable(transport):
 
 
 async def test_watch_parses_ndjson_events(api, client_for):
+    aid = api.ids["pending"]
+
+    async def drive() -> None:
+        await asyncio.sleep(0.2)
+        api.start(aid, [NODE])
+        await asyncio.sleep(0.1)
+        api.set_state(aid, AllocationState.COMPLETED, exit_code=0)
+
+    driver = asyncio.create_task(drive())
     async with client_for() as client:
-        events = [e async for e in client.watch("a1b2c3d4")]
+        events = [e async for e in client.watch(aid)]
+    await driver
     assert [e.state for e in events] == ["Pending", "Running", "Completed"]
-    assert [e.revision for e in events] == [7, 9, 12]
+    revisions = [e.revision for e in events]
+    assert revisions == sorted(revisions) and len(set(revisions)) == 3
     assert events[-1].allocation.exit_code == 0
     assert events[-1].allocation.terminal
-    assert api.requests[-1]["path"] == "/api/v1/allocations/a1b2c3d4/watch"
+    assert api.requests[-1]["path"] == f"/api/v1/allocations/{aid}/watch"
 
 
-async def test_watch_can_stop_early(client_for):
+async def test_watch_reassembles_lines_split_across_writes(transport):
+    events = [
+        {"revision": 7, "allocation": alloc_json(state="Pending")},
+        {"revision": 9, "allocation": alloc_json(state="Running", started_at=1.0)},
+        {"revision": 12, "allocation": alloc_json(state="Completed", exit_code=0)},
+    ]
+
+    async def chunked(request):
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        payload = b"".join(json.dumps(e).encode() + b"\n\n" for e in events)  # blank lines too
+        for i in range(0, len(payload), 97):  # split mid-line and across writes
+            await resp.write(payload[i : i + 97])
+            await asyncio.sleep(0)
+        await resp.write_eof()
+        return resp
+
+    runner, port = await stub_server(chunked, "/api/v1/allocations/{id}/watch")
+    try:
+        async with _Client("127.0.0.1", port, transport=transport) as client:
+            got = [e async for e in client.watch("a1b2c3d4")]
+        assert [e.state for e in got] == ["Pending", "Running", "Completed"]
+        assert [e.revision for e in got] == [7, 9, 12]
+    finally:
+        await runner.cleanup()
+
+
+async def test_watch_can_stop_early(api, client_for):
     async with client_for() as client:
-        async for event in client.watch("a1b2c3d4"):
+        async for event in client.watch(api.ids["running"]):
             if event.state == "Running":
                 break
         # the client still works after abandoning a stream
@@ -476,15 +427,21 @@ async def test_watch_can_stop_early(client_for):
 
 
 async def test_logs_and_stream_logs(api, client_for):
+    aid = api.ids["running"]
+    api.logs.add(aid, "Epoch 1/100, loss=2.341", node_id="n1", timestamp=1772704812.0)
+    api.logs.add(aid, "warning: slow\n", stream="stderr", node_id="n1", timestamp=1772704813.5)
+    for i in range(3):
+        api.logs.add(aid, f"line {i}", node_id=f"n{i}", timestamp=1.0 + i)
     async with client_for() as client:
-        lines = await client.logs("a1b2c3d4", tail=100, stream="stderr")
-        streamed = [line async for line in client.stream_logs("a1b2c3d4", tail=5)]
+        lines = await client.logs(aid, tail=100, stream="stderr")
+        everything = await client.logs(aid)
+        streamed = [line async for line in client.stream_logs(aid, tail=3)]
     assert api.requests[0]["query"] == {"tail": "100", "stream": "stderr"}
-    assert api.requests[1]["query"] == {"tail": "5"}
+    assert api.requests[2]["query"] == {"tail": "3"}
     assert isinstance(lines[0], LogLine)
-    assert lines[0].message == "Epoch 1/100, loss=2.341"
-    assert lines[1].message == "warning: slow" and lines[1].stream == "stderr"
-    assert lines[0].timestamp == 1772704812.0
+    assert [(x.message, x.stream) for x in lines] == [("warning: slow", "stderr")]
+    assert everything[0].message == "Epoch 1/100, loss=2.341"
+    assert everything[0].timestamp == 1772704812.0
     assert [(x.message, x.node_id) for x in streamed] == [
         ("line 0", "n0"),
         ("line 1", "n1"),
@@ -492,26 +449,12 @@ async def test_logs_and_stream_logs(api, client_for):
     ]
 
 
-async def test_stream_error_status_raises_before_iterating(transport):
-    app = web.Application()
-
-    async def gone(request):
-        return error(404, "not_found", "allocation x not found", hint="Check the ID.")
-
-    app.router.add_get("/api/v1/allocations/{id}/watch", gone)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        async with _Client("127.0.0.1", port, transport=transport) as client:
-            with pytest.raises(LatticeNotFoundError) as info:
-                async for _ in client.watch("x"):
-                    pass
-        assert info.value.hint == "Check the ID."
-    finally:
-        await runner.cleanup()
+async def test_stream_error_status_raises_before_iterating(client_for):
+    async with client_for() as client:
+        with pytest.raises(LatticeNotFoundError) as info:
+            async for _ in client.watch("x"):
+                pass
+    assert info.value.hint == "List your allocations with `lattice status`."
 
 
 # --------------------------------------------------------------------------- admin
@@ -520,23 +463,23 @@ async def test_stream_error_status_raises_before_iterating(transport):
 async def test_nodes_tenants_vclusters_raft(api, client_for):
     async with client_for() as client:
         nodes = await client.list_nodes(state="ready")
-        drained = await client.drain_node("x1000c0s0b0n0", reason="maintenance")
-        tenant = await client.create_tenant("physics", max_nodes=200, fair_share_target=0.3)
-        updated = await client.update_tenant("physics", max_nodes=250)
+        drained = await client.drain_node(NODE, reason="maintenance")
+        tenant = await client.create_tenant("chemistry", max_nodes=200, fair_share_target=0.3)
+        updated = await client.update_tenant("chemistry", max_nodes=250)
         vclusters = await client.list_vclusters()
         raft = await client.raft_status()
-    assert nodes[0].capabilities.gpu_count == 4 and nodes[0].group == 3
-    assert nodes[0].raw["new_field"] == 1
-    assert drained.state == "Draining" and drained.state_reason == "maintenance"
+    gh = next(n for n in nodes if n.id == NODE)
+    assert gh.capabilities.gpu_count == 4 and gh.group == 3
+    assert drained.state == "Drained" and drained.state_reason == "maintenance"
     assert tenant.max_nodes == 200 and tenant.isolation == "standard"
     assert updated.max_nodes == 250
-    assert vclusters[0].weights == {"priority": 0.2}
-    assert raft["leader_id"] == 1
+    assert vclusters[0].weights["priority"] == 0.2
+    assert raft["member_id"] == 1 and raft["is_leader"] is True
     posts = [(r["path"], r["json"]) for r in api.requests if r["method"] in ("POST", "PATCH")]
     assert posts == [
-        ("/api/v1/nodes/x1000c0s0b0n0/drain", {"reason": "maintenance"}),
-        ("/api/v1/tenants", {"name": "physics", "max_nodes": 200, "fair_share_target": 0.3}),
-        ("/api/v1/tenants/physics", {"max_nodes": 250}),
+        (f"/api/v1/nodes/{NODE}/drain", {"reason": "maintenance"}),
+        ("/api/v1/tenants", {"name": "chemistry", "max_nodes": 200, "fair_share_target": 0.3}),
+        ("/api/v1/tenants/chemistry", {"max_nodes": 250}),
     ]
 
 

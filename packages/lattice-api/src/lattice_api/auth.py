@@ -1,4 +1,4 @@
-"""Who is calling, and may they do this.
+"""Who is calling: identity and role (what they may do is lattice_api.permissions).
 
 Identity comes from a bearer token (HS256 with the configured dev secret, validated
 with PyJWT) or, when no secret is configured, from the ``x-lattice-user`` header; the
@@ -13,7 +13,7 @@ import hmac
 import logging
 from collections.abc import Mapping
 
-from lattice_common.errors import PermissionDenied, Unauthenticated
+from lattice_common.errors import Unauthenticated
 
 log = logging.getLogger("lattice.api.auth")
 
@@ -105,37 +105,3 @@ class Authenticator:
             ) from None
         role = Role.AGENT if claims.get("lattice_role") == "agent" else role_from_claims(claims)
         return Identity(str(claims["sub"]), role, str(claims.get("tenant", "")))
-
-
-# Operation -> roles allowed. Everything not listed needs SYSTEM_ADMIN.
-_READ = frozenset(Role) - {Role.AGENT}
-_WRITE_OWN = frozenset(
-    {Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.CLAIMING_USER, Role.USER}
-)
-RBAC: dict[str, frozenset[Role]] = {
-    "allocation.read": _READ | {Role.AGENT},
-    "allocation.submit": _WRITE_OWN,
-    "allocation.cancel": _WRITE_OWN,
-    "allocation.list_all": frozenset(
-        {Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.READ_ONLY}
-    ),
-    "node.read": _READ | {Role.AGENT},
-    "node.admin": frozenset({Role.SYSTEM_ADMIN, Role.OPERATOR, Role.TENANT_ADMIN}),
-    "node.agent": frozenset({Role.AGENT, Role.SYSTEM_ADMIN}),
-    "node.release": frozenset({Role.SYSTEM_ADMIN, Role.CLAIMING_USER}),
-    "tenant.read": _READ,
-    "tenant.admin": frozenset({Role.SYSTEM_ADMIN}),
-    "vcluster.read": _READ,
-    "vcluster.admin": frozenset({Role.SYSTEM_ADMIN}),
-    "raft.read": _READ,
-    "quorum.internal": frozenset({Role.SYSTEM_ADMIN, Role.AGENT}),
-}
-
-
-def authorize(identity: Identity, operation: str) -> None:
-    allowed = RBAC.get(operation, frozenset({Role.SYSTEM_ADMIN}))
-    if identity.role not in allowed:
-        raise PermissionDenied(
-            f"{identity.user} ({identity.role.value}) may not perform {operation}",
-            hint="Ask your tenant or system administrator for the needed role.",
-        )

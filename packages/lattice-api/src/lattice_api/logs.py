@@ -10,14 +10,18 @@ from typing import Any
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from lattice_common.errors import NotFound, Unavailable
+from lattice_common.net import split_host_port
 from lattice_common.proto.lattice import v1
 from lattice_common.types import Allocation, AllocationState
-from lattice_quorum.member import QuorumMember
+from lattice_quorum import queries
+from lattice_quorum.quorum import Quorum
 
 
 class LogProxy:
-    def __init__(self, member: QuorumMember, *, agent_token: str | None = None) -> None:
-        self.member = member
+    """The LogSource of lattice-server: one channel per agent address, reused."""
+
+    def __init__(self, quorum: Quorum, *, agent_token: str | None = None) -> None:
+        self.quorum = quorum
         self._channels: dict[str, Channel] = {}
         self._metadata = {"authorization": f"Bearer {agent_token}"} if agent_token else None
 
@@ -28,13 +32,18 @@ class LogProxy:
                 hint="Logs appear once the allocation is running; check `lattice status ID`.",
             )
         head = alloc.assigned_nodes[0]
-        node = self.member.read(lambda s: s.nodes.get(head))
+        node = self.quorum.read(queries.node, head)
         if node is None or not node.agent_address:
             raise Unavailable(f"node {head} has no reachable agent")
         ch = self._channels.get(node.agent_address)
         if ch is None:
-            host, _, port = node.agent_address.rpartition(":")
-            ch = Channel(host or "127.0.0.1", int(port))
+            try:
+                host, port = split_host_port(
+                    node.agent_address, default_host="127.0.0.1", allow_port_zero=False
+                )
+            except ValueError as e:
+                raise Unavailable(f"node {head} has no reachable agent ({e})") from None
+            ch = Channel(host, port)
             self._channels[node.agent_address] = ch
         return head, v1.NodeAgentServiceStub(ch, metadata=self._metadata)
 

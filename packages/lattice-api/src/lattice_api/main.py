@@ -11,22 +11,19 @@ import signal
 
 from aiohttp import web
 from lattice_common.config import LatticeConfig, load_config
+from lattice_common.net import split_host_port
 from lattice_common.process import daemon_main
 from lattice_quorum.member import QuorumMember
 
 from lattice_api.auth import Authenticator
-from lattice_api.grpc_server import build_grpc_server
+from lattice_api.grpc.server import build_grpc_server
 from lattice_api.logs import LogProxy
 from lattice_api.node_monitor import NodeMonitor
-from lattice_api.rest import RestApi
-from lattice_api.service import LatticeService
+from lattice_api.operations import Operations
+from lattice_api.rest.app import build_rest_app
+from lattice_api.settings import ApiSettings
 
 log = logging.getLogger("lattice.server")
-
-
-def split_hostport(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    return (host or default_host), int(port)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -84,24 +81,21 @@ async def serve(
         borrowed_grace_period=na.borrowed_grace_period_seconds,
     )
     member.on_leadership(monitor.on_leadership)
-    svc = LatticeService(member, api_addresses=api_addresses)
-    svc.budget_period_days = cfg.scheduling.budget_period_days
-    logs = LogProxy(member, agent_token=agent_token)
-    rest = RestApi(
-        svc,
-        auth,
-        monitor,
-        logs,
+    settings = ApiSettings(
+        budget_period_days=cfg.scheduling.budget_period_days,
+        api_addresses=api_addresses,
         oidc_issuer=cfg.api.oidc_issuer,
         oidc_client_id=cfg.api.oidc_client_id,
         max_request_bytes=cfg.api.max_request_bytes,
     )
-    grpc = build_grpc_server(svc, auth, monitor, logs)
-    ghost, gport = split_hostport(cfg.api.grpc_listen)
+    logs = LogProxy(member, agent_token=agent_token)
+    ops = Operations(member, monitor=monitor, logs=logs, settings=settings)
+    grpc = build_grpc_server(ops, auth)
+    ghost, gport = split_host_port(cfg.api.grpc_listen, default_host="0.0.0.0")
     await grpc.start(ghost, gport)
-    runner = web.AppRunner(rest.app, access_log=None)
+    runner = web.AppRunner(build_rest_app(ops, auth), access_log=None)
     await runner.setup()
-    rhost, rport = split_hostport(cfg.api.rest_listen)
+    rhost, rport = split_host_port(cfg.api.rest_listen, default_host="0.0.0.0")
     site = web.TCPSite(runner, rhost, rport, reuse_address=True)
     await site.start()
     monitor.start()

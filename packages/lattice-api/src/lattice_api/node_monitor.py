@@ -19,7 +19,8 @@ from collections.abc import Callable
 from lattice_common import commands as c
 from lattice_common.errors import NotLeader
 from lattice_common.types import AllocationReport, AllocationState, Node, NodeState
-from lattice_quorum.member import QuorumMember
+from lattice_quorum import queries
+from lattice_quorum.quorum import Quorum
 from prometheus_client import Gauge, Histogram
 
 log = logging.getLogger("lattice.api.nodes")
@@ -35,7 +36,7 @@ HEARTBEAT_AGE = Histogram(
 class NodeMonitor:
     def __init__(
         self,
-        member: QuorumMember,
+        quorum: Quorum,
         *,
         heartbeat_timeout: float = 30.0,
         grace_period: float = 60.0,
@@ -44,7 +45,7 @@ class NodeMonitor:
         check_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.member = member
+        self.quorum = quorum
         self.heartbeat_timeout = heartbeat_timeout
         self.grace_period = grace_period
         self.sensitive_grace_period = sensitive_grace_period
@@ -69,7 +70,7 @@ class NodeMonitor:
     def on_leadership(self, is_leader: bool) -> None:
         if is_leader:
             now = self.clock()
-            ids = self.member.read(lambda s: list(s.nodes))
+            ids = self.quorum.read(queries.node_ids)
             self.last_seen = dict.fromkeys(ids, now)
 
     async def heartbeat(
@@ -84,7 +85,7 @@ class NodeMonitor:
         A ``conformance_fingerprint`` that differs from the node's committed
         conformance group is proposed as ReportConformance (the quorum records drift);
         an unchanged one costs nothing."""
-        if not self.member.is_leader:
+        if not self.quorum.is_leader:
             raise NotLeader(
                 "this quorum member is not the leader", hint="Retry against the leader."
             )
@@ -96,7 +97,7 @@ class NodeMonitor:
             return {"accepted": False, "reason": "stale sequence"}
         self.sequence[node_id] = sequence
         self.last_seen[node_id] = now
-        node = self.member.read(lambda s: s.nodes.get(node_id))
+        node = self.quorum.read(queries.node, node_id)
         if node is None:
             return {"accepted": False, "reregister": True}
         if node.state == NodeState.DEGRADED:
@@ -127,7 +128,7 @@ class NodeMonitor:
         for r in reports:
             if r.phase != "exited" or r.allocation_id in self._inflight:
                 continue
-            a = self.member.read(lambda s, aid=r.allocation_id: s.allocations.get(aid))
+            a = self.quorum.read(queries.allocation, r.allocation_id)
             if a is None or a.terminal or a.state == AllocationState.PENDING:
                 continue
             if not a.assigned_nodes or a.assigned_nodes[0] != node_id:
@@ -173,13 +174,13 @@ class NodeMonitor:
         ]
         self._inflight.update(ids)
         try:
-            await self.member.propose_many(cmds)
+            await self.quorum.propose_many(cmds)
         finally:
             self._inflight.difference_update(ids)
 
     async def _propose(self, cmd: c.Command) -> None:
         try:
-            res = await self.member.propose(cmd)
+            res = await self.quorum.propose(cmd)
             if res.error:
                 log.info("node monitor command rejected: %s", res.error.get("message"))
         except Exception as e:
@@ -190,7 +191,7 @@ class NodeMonitor:
             await asyncio.sleep(self.check_interval)
             try:
                 self._update_gauges()
-                if self.member.is_leader:
+                if self.quorum.is_leader:
                     await self.check()
             except asyncio.CancelledError:
                 raise
@@ -199,9 +200,7 @@ class NodeMonitor:
 
     async def check(self) -> None:
         now = self.clock()
-        nodes = self.member.read(
-            lambda s: [(n.id, n.state, grace_kind(n)) for n in s.nodes.values()]
-        )
+        nodes = self.quorum.read(queries.each_node, _health_view)
         graces = {
             "standard": self.grace_period,
             "sensitive": self.sensitive_grace_period,
@@ -223,9 +222,13 @@ class NodeMonitor:
                 )
 
     def _update_gauges(self) -> None:
-        counts = self.member.read(lambda s: [n.state for n in s.nodes.values()])
+        counts = self.quorum.read(queries.node_state_counts)
         for st in NodeState:
-            NODES_TOTAL.labels(st.value).set(sum(1 for x in counts if x == st))
+            NODES_TOTAL.labels(st.value).set(counts.get(st, 0))
+
+
+def _health_view(n: Node) -> tuple[str, NodeState, str]:
+    return n.id, n.state, grace_kind(n)
 
 
 def grace_kind(n: Node) -> str:

@@ -19,15 +19,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lattice_common import commands as c
 from lattice_common.errors import LatticeError, NotLeader, Unavailable, ValidationError
-from lattice_common.watch import StateDelta, encode_delta
 from prometheus_client import Gauge, Histogram
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
+from lattice_quorum.quorum import encode_changes, encode_snapshot
 from lattice_quorum.state import Changes, GlobalState, apply
+
+T = TypeVar("T")
 
 log = logging.getLogger("lattice.quorum")
 
@@ -77,7 +79,8 @@ class StateMachine(SyncObjConsumer):
 
 
 class QuorumMember:
-    """Runs one member and exposes propose / read / watch to asyncio code."""
+    """Runs one member and exposes propose / read / watch to asyncio code (the
+    :class:`lattice_quorum.quorum.Quorum` protocol)."""
 
     def __init__(
         self,
@@ -218,28 +221,18 @@ class QuorumMember:
 
     # --- reads ----------------------------------------------------------------------
 
-    def read(self, fn: Callable[[GlobalState], Any]) -> Any:
-        """Run ``fn`` on the state under the apply lock; ``fn`` must copy what it keeps."""
+    def read(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(state, *args, **kwargs)`` under the apply lock; ``fn`` must copy
+        what it keeps."""
         with self.sm._lock:
-            return fn(self.sm.state)
+            return fn(self.sm.state, *args, **kwargs)
 
     @property
     def revision(self) -> int:
         return self.sm.state.revision
 
     def snapshot_delta(self) -> bytes:
-        return self.read(
-            lambda s: encode_delta(
-                StateDelta(
-                    revision=s.revision,
-                    snapshot=True,
-                    allocations=list(s.allocations.values()),
-                    nodes=list(s.nodes.values()),
-                    tenants=list(s.tenants.values()),
-                    vclusters=list(s.vclusters.values()),
-                )
-            )
-        )
+        return self.read(encode_snapshot)
 
     def subscribe(self, maxsize: int = 0) -> asyncio.Queue[bytes | None]:
         """A queue that receives the snapshot first, then every delta. ``None`` means
@@ -258,15 +251,7 @@ class QuorumMember:
     def _on_applied(self, state: GlobalState, ch: Changes) -> None:  # pysyncobj thread, lock held
         if self._loop is None or not self._watchers:
             return
-        delta = encode_delta(
-            StateDelta(
-                revision=state.revision,
-                allocations=[state.allocations[k] for k in ch.allocations],
-                nodes=[state.nodes[k] for k in ch.nodes],
-                tenants=[state.tenants[k] for k in ch.tenants],
-                vclusters=[state.vclusters[k] for k in ch.vclusters],
-            )
-        )
+        delta = encode_changes(state, ch)
         for q in list(self._watchers):
             self._loop.call_soon_threadsafe(q.put_nowait, delta)
 

@@ -2,12 +2,14 @@
 
 ``lattice_cluster`` (module scope) is a 1-member cluster with 2 agents and fast
 heartbeats; ``cluster_factory`` builds custom ones (3 members, N agents, timeouts)
-and tears every one down at the end of the test.
+and tears every one down at the end of the test. ``local_api`` (on the test's loop)
+and ``local_api_thread`` (in a background thread, for code that calls ``asyncio.run``)
+serve the real REST and gRPC servers over a LocalQuorum (lattice_test_harness.local_api).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +57,21 @@ def cluster_factory(tmp_path: Path) -> Iterator[Any]:
     yield factory
     for h in made:
         h.cluster.stop()
+
+
+@pytest.fixture
+async def local_api() -> AsyncIterator[Any]:
+    """The real API over a LocalQuorum on the test's event loop (development mode)."""
+    from lattice_test_harness.local_api import serve_local_api  # only tests that use it
+
+    async with serve_local_api() as api:
+        yield api
+
+
+@pytest.fixture
+def local_api_thread() -> Iterator[Any]:
+    """The real API over a LocalQuorum in a background thread with its own loop."""
+    from lattice_test_harness.local_api import ThreadedLocalApi
+
+    with ThreadedLocalApi() as api:
+        yield api

@@ -1,0 +1,57 @@
+"""Object-level access: the checks that depend on the record, not only on the RPC.
+
+The permission table (lattice_api.permissions) decides whether a role may call an RPC
+at all; the operations call these helpers for what depends on the data: whose
+allocation it is, whose usage is asked for, whether a listing spans every user. Both
+transports reach them through the same operations, so REST and gRPC cannot disagree.
+"""
+
+from __future__ import annotations
+
+from lattice_common.errors import PermissionDenied
+from lattice_common.types import Allocation
+
+from lattice_api.auth import Identity, Role
+from lattice_api.permissions import authorize
+
+LIST_ALL = "allocation.list_all"
+
+_CANCEL_OTHERS = frozenset({Role.SYSTEM_ADMIN, Role.TENANT_ADMIN})
+
+
+def listing_user(who: Identity, user: str | None, all_users: bool) -> str | None:
+    """Whose allocations a listing shows (None = every user's).
+
+    The caller's own unless ``all_users`` is asked for (needs ``allocation.list_all``;
+    it wins over ``user``) or a ``user`` is named."""
+    if all_users:
+        authorize(who, LIST_ALL)
+        return None
+    return user or who.user
+
+
+def usage_user(who: Identity, user: str | None) -> str:
+    """Whose usage is asked for (default: the caller's); another user's needs
+    ``allocation.list_all``."""
+    target = (user or "").strip() or who.user
+    if target != who.user:
+        authorize(who, LIST_ALL)
+    return target
+
+
+def check_cancel(who: Identity, a: Allocation) -> None:
+    """Users cancel their own allocations; system and tenant admins anyone's."""
+    if a.spec.user != who.user and who.role not in _CANCEL_OTHERS:
+        raise PermissionDenied(
+            f"allocation {a.id} belongs to {a.spec.user}",
+            hint="You can only cancel your own allocations.",
+        )
+
+
+def releases_any_claim(who: Identity) -> bool:
+    """A system admin may end any user's sensitive claim; others only their own (the
+    state machine checks the claimant)."""
+    return who.role == Role.SYSTEM_ADMIN
+
+
+__all__ = ["check_cancel", "listing_user", "releases_any_claim", "usage_user"]

@@ -1,0 +1,121 @@
+"""gRPC adapter of AdminService: tenants, vClusters, Raft status (AdminOps) and the
+usage RPCs (UsageOps)."""
+
+from __future__ import annotations
+
+import msgspec
+from lattice_common.errors import ValidationError
+from lattice_common.proto.lattice import v1
+from lattice_common.types import Tenant, VCluster
+from lattice_common.wire import from_message, to_message
+
+from lattice_api.grpc.context import update_fields, who
+from lattice_api.ops.admin import AdminOps
+from lattice_api.ops.usage import UsageOps
+
+
+def _record_body(record: Tenant | VCluster) -> dict[str, object]:
+    return {
+        k: v for k, v in msgspec.to_builtins(record).items() if k not in ("created_at", "revision")
+    }
+
+
+class AdminService(v1.AdminServiceBase):
+    def __init__(self, ops: AdminOps, usage: UsageOps) -> None:
+        self.ops = ops
+        self.usage = usage
+
+    # --- tenants --------------------------------------------------------------------
+
+    async def create_tenant(self, message: v1.CreateTenantRequest) -> v1.Tenant:
+        t = from_message(message.tenant, Tenant) if message.tenant else None
+        if t is None:
+            raise ValidationError("CreateTenant needs a tenant")
+        body = _record_body(t)
+        return to_message(await self.ops.create_tenant(who(), body), v1.Tenant)
+
+    async def list_tenants(self, message: v1.ListTenantsRequest) -> v1.ListTenantsResponse:
+        return v1.ListTenantsResponse(
+            tenants=[to_message(t, v1.Tenant) for t in self.ops.list_tenants(who())]
+        )
+
+    async def get_tenant(self, message: v1.GetTenantRequest) -> v1.Tenant:
+        return to_message(self.ops.get_tenant(who(), message.name), v1.Tenant)
+
+    async def update_tenant(self, message: v1.UpdateTenantRequest) -> v1.Tenant:
+        fields = update_fields(message, "tenant")
+        return to_message(
+            await self.ops.update_tenant(who(), message.tenant.name, fields), v1.Tenant
+        )
+
+    # --- vClusters ------------------------------------------------------------------
+
+    async def create_v_cluster(self, message: v1.CreateVClusterRequest) -> v1.VCluster:
+        v = from_message(message.vcluster, VCluster) if message.vcluster else None
+        if v is None:
+            raise ValidationError("CreateVCluster needs a vcluster")
+        body = _record_body(v)
+        return to_message(await self.ops.create_vcluster(who(), body), v1.VCluster)
+
+    async def list_v_clusters(self, message: v1.ListVClustersRequest) -> v1.ListVClustersResponse:
+        return v1.ListVClustersResponse(
+            vclusters=[to_message(v, v1.VCluster) for v in self.ops.list_vclusters(who())]
+        )
+
+    async def get_v_cluster(self, message: v1.GetVClusterRequest) -> v1.VCluster:
+        return to_message(self.ops.get_vcluster(who(), message.name), v1.VCluster)
+
+    async def update_v_cluster(self, message: v1.UpdateVClusterRequest) -> v1.VCluster:
+        fields = update_fields(message, "vcluster")
+        return to_message(
+            await self.ops.update_vcluster(who(), message.vcluster.name, fields), v1.VCluster
+        )
+
+    # --- Raft -----------------------------------------------------------------------
+
+    async def get_raft_status(self, message: v1.GetRaftStatusRequest) -> v1.RaftStatus:
+        st = self.ops.raft_status(who())
+        return v1.RaftStatus(
+            member_id=str(st["member_id"]),
+            leader_address=st.get("leader_api_address") or st["leader_address"],
+            term=st["term"],
+            commit_index=st["commit_index"],
+            last_applied=st["last_applied"],
+            members=[
+                v1.RaftMember(id=str(m["id"]), address=m["address"], state=m["state"])
+                for m in st["members"]
+            ],
+        )
+
+    # --- usage ----------------------------------------------------------------------
+
+    async def get_tenant_usage(self, message: v1.GetTenantUsageRequest) -> v1.TenantUsage:
+        d = self.usage.tenant_usage_between(who(), message.tenant, message.since, message.until)
+        return v1.TenantUsage(
+            tenant=d["tenant"],
+            node_hours=d["node_hours"],
+            gpu_hours=d["gpu_hours"],
+            node_hours_budget=d["node_hours_budget"],
+            gpu_hours_budget=d["gpu_hours_budget"],
+            nodes_in_use=d["nodes_in_use"],
+            max_nodes=d["max_nodes"],
+            running_allocations=d["running_allocations"],
+            max_concurrent_allocations=d["max_concurrent_allocations"],
+            fair_share_target=d["fair_share_target"],
+            fair_share_usage=d["fair_share_usage"],
+        )
+
+    async def get_user_usage(self, message: v1.GetUserUsageRequest) -> v1.UserUsage:
+        d = self.usage.user_usage_between(
+            who(), message.user, message.tenant, message.since, message.until
+        )
+        return v1.UserUsage(
+            user=d["user"],
+            tenant=d["tenant"],
+            node_hours=d["node_hours"],
+            gpu_hours=d["gpu_hours"],
+            allocations=d["allocations"],
+        )
+
+
+__all__ = ["AdminService"]

@@ -1,0 +1,87 @@
+"""gRPC adapter of AllocationService: proto messages in, AllocationOps, proto out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpclib
+from grpclib.const import Status
+from lattice_common.proto.lattice import v1
+from lattice_common.wire import to_message
+
+from lattice_api.grpc.context import to_body, who
+from lattice_api.ops.allocations import AllocationOps
+
+
+class AllocationService(v1.AllocationServiceBase):
+    def __init__(self, ops: AllocationOps) -> None:
+        self.ops = ops
+
+    async def submit(self, message: v1.SubmitRequest) -> v1.SubmitResponse:
+        if message.task_group is not None and message.task_group.template is not None:
+            tg = message.task_group
+            body = to_body(tg.template)
+            body["task_group"] = {
+                "start": tg.range_start,
+                "end": tg.range_end,
+                "step": tg.step or 1,
+                "concurrency": tg.concurrency,
+            }
+            res = await self.ops.submit_task_group(who(), body)
+            tasks = res.allocations or []
+            return v1.SubmitResponse(
+                allocation_ids=[a.id for a in tasks], task_group_id=res.task_group_id
+            )
+        if message.allocation is None:
+            raise grpclib.GRPCError(
+                Status.UNIMPLEMENTED,
+                "AllocationService.Submit: the DAG form is not implemented yet",
+            )
+        a = await self.ops.submit(who(), to_body(message.allocation))
+        return v1.SubmitResponse(allocation_ids=[a.id], allocations=[to_message(a, v1.Allocation)])
+
+    async def get(self, message: v1.GetAllocationRequest) -> v1.Allocation:
+        return to_message(self.ops.get(who(), message.id), v1.Allocation)
+
+    async def list(self, message: v1.ListAllocationsRequest) -> v1.ListAllocationsResponse:
+        # the request has no "all" field: an empty user means the caller, as in REST
+        # without ?all (lattice_api.access.listing_user)
+        allocs = self.ops.list(
+            who(),
+            state=message.state or None,
+            tenant=message.tenant or None,
+            vcluster=message.vcluster or None,
+            user=message.user or None,
+            limit=message.limit or None,
+        )
+        return v1.ListAllocationsResponse(
+            allocations=[to_message(a, v1.Allocation) for a in allocs]
+        )
+
+    async def cancel(self, message: v1.CancelAllocationRequest) -> v1.Allocation:
+        return to_message(await self.ops.cancel(who(), message.id), v1.Allocation)
+
+    async def watch(self, message: v1.WatchAllocationsRequest) -> AsyncIterator[v1.AllocationEvent]:
+        if not message.id:
+            raise grpclib.GRPCError(
+                Status.UNIMPLEMENTED,
+                "AllocationService.Watch: watching all allocations is not implemented yet",
+            )
+        async for rev, a in self.ops.watch(who(), message.id):
+            yield v1.AllocationEvent(revision=rev, allocation=to_message(a, v1.Allocation))
+
+    async def get_logs(self, message: v1.GetLogsRequest) -> v1.GetLogsResponse:
+        lines = await self.ops.logs(
+            who(), message.allocation_id, tail=message.tail or None, stream=message.stream or "both"
+        )
+        return v1.GetLogsResponse(lines=[v1.LogLine(**ln) for ln in lines])
+
+    async def stream_logs(self, message: v1.StreamLogsRequest) -> AsyncIterator[v1.LogLine]:
+        lines = self.ops.follow_logs(
+            who(), message.allocation_id, tail=message.tail or None, stream=message.stream or "both"
+        )
+        async for ln in lines:
+            yield v1.LogLine(**ln)
+
+
+__all__ = ["AllocationService"]

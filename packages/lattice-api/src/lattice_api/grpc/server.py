@@ -1,0 +1,110 @@
+"""The grpclib server of lattice-server: the four services, one interceptor, and
+UNIMPLEMENTED answers naming the RPC for the contract's RPCs not built yet.
+
+The interceptor (a RecvRequest listener wrapping every method handler) resolves the
+caller's Identity once, checks the RPC's entry in the permission table, times the call
+into the shared request metrics, and maps LatticeError to a gRPC status whose message
+is the error as JSON (code, message, details, hint).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import grpclib
+from grpclib.const import Status
+from grpclib.events import RecvRequest, listen
+from grpclib.server import Server
+from lattice_common.errors import LatticeError
+
+from lattice_api.auth import Authenticator
+from lattice_api.grpc.admin_service import AdminService
+from lattice_api.grpc.allocation_service import AllocationService
+from lattice_api.grpc.context import grpc_error, set_identity, who
+from lattice_api.grpc.node_service import NodeService
+from lattice_api.grpc.quorum_service import QuorumService
+from lattice_api.http import LATENCY, REQUESTS
+from lattice_api.operations import Operations
+from lattice_api.permissions import NOT_BUILT, PUBLIC, RPC_BY_PATH, authorize
+
+log = logging.getLogger("lattice.api.grpc")
+
+_UNCHECKED = (NOT_BUILT, PUBLIC)
+
+
+def install_interceptor(server: Server, auth: Authenticator) -> None:
+    async def on_request(event: RecvRequest) -> None:
+        try:
+            set_identity(auth.authenticate(dict(event.metadata)))
+        except LatticeError as e:
+            set_identity(e)  # raised when the RPC needs the caller
+        inner = event.method_func
+        name = event.method_name
+        permission = RPC_BY_PATH.get(name)
+
+        async def wrapped(stream: Any) -> None:
+            t0 = time.perf_counter()
+            status = "OK"
+            try:
+                if permission not in _UNCHECKED:
+                    # an RPC missing from the table needs a system admin
+                    authorize(who(), permission or name)
+                await inner(stream)
+            except LatticeError as e:
+                status = Status(e.grpc_status).name
+                raise grpc_error(e) from None
+            except grpclib.GRPCError as e:
+                status = e.status.name
+                raise
+            except Exception:
+                status = "INTERNAL"
+                log.exception("unhandled error in %s", name)
+                raise
+            finally:
+                REQUESTS.labels(name, status).inc()
+                LATENCY.labels(name).observe(time.perf_counter() - t0)
+
+        event.method_func = wrapped
+
+    listen(server, RecvRequest, on_request)
+
+
+def _not_built(service: str, rpc: str) -> Any:
+    async def handler(self: Any, message: Any) -> Any:
+        raise grpclib.GRPCError(Status.UNIMPLEMENTED, f"{service}.{rpc} is not implemented yet")
+
+    handler.not_built = True  # type: ignore[attr-defined]  # read by the table test
+    return handler
+
+
+def fill_unimplemented(adapter: type, base: type) -> None:
+    """Give ``adapter`` a handler naming the RPC for every method of the generated
+    ``base`` it does not override (the generated ones answer a bare UNIMPLEMENTED)."""
+    service = base.__name__.removesuffix("Base")
+    for attr, fn in vars(base).items():
+        if attr.startswith("_") or not callable(fn) or attr in vars(adapter):
+            continue
+        setattr(adapter, attr, _not_built(service, attr))
+
+
+ADAPTERS = (AllocationService, NodeService, AdminService, QuorumService)
+for _adapter in ADAPTERS:
+    fill_unimplemented(_adapter, _adapter.__bases__[0])
+
+
+def build_grpc_server(ops: Operations, auth: Authenticator) -> Server:
+    server = Server(
+        [
+            AllocationService(ops.allocations),
+            NodeService(ops.nodes),
+            AdminService(ops.admin, ops.usage),
+            QuorumService(ops.quorum),
+        ]
+    )
+    install_interceptor(server, auth)
+    return server
+
+
+__all__ = ["ADAPTERS", "build_grpc_server", "fill_unimplemented", "install_interceptor"]

@@ -1,0 +1,45 @@
+"""All the operations of one server, per proto service, built from one set of settings.
+
+Both transports take an :class:`Operations` and reach each service's operations by
+name (``ops.allocations.submit``, ``ops.usage.tenant_usage``, ...).
+"""
+
+from __future__ import annotations
+
+from lattice_quorum.quorum import Quorum
+
+from lattice_api.node_monitor import NodeMonitor
+from lattice_api.ops.admin import AdminOps
+from lattice_api.ops.allocations import AllocationOps, LogSource
+from lattice_api.ops.nodes import NodeOps
+from lattice_api.ops.quorum import QuorumOps
+from lattice_api.ops.usage import UsageOps
+from lattice_api.settings import ApiSettings
+
+
+class Operations:
+    """A thin container: one operations object per service, sharing the quorum."""
+
+    def __init__(
+        self,
+        quorum: Quorum,
+        *,
+        monitor: NodeMonitor,
+        logs: LogSource,
+        settings: ApiSettings | None = None,
+    ) -> None:
+        settings = settings or ApiSettings()
+        self.settings = settings
+        self.allocations = AllocationOps(quorum, logs)
+        self.nodes = NodeOps(quorum, monitor, api_addresses=settings.api_addresses)
+        self.admin = AdminOps(
+            quorum,
+            api_addresses=settings.api_addresses,
+            oidc_issuer=settings.oidc_issuer,
+            oidc_client_id=settings.oidc_client_id,
+        )
+        self.usage = UsageOps(quorum, budget_period_days=settings.budget_period_days)
+        self.quorum = QuorumOps(quorum)
+
+
+__all__ = ["Operations"]

@@ -1,0 +1,157 @@
+"""AdminService operations: tenants, vClusters and Raft status; plus the member's health
+and the OIDC discovery document the public REST routes serve. (Usage, also in
+AdminService, is lattice_api.ops.usage.)"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+from lattice_common import commands as c
+from lattice_common.errors import NotFound, ValidationError
+from lattice_common.types import CostWeights, SchedulerType, Tenant, VCluster
+from lattice_quorum import queries
+from lattice_quorum.quorum import Quorum
+
+from lattice_api.auth import Identity
+from lattice_api.ops.base import raise_if_error
+
+
+def _check_quota_values(*vals: Any) -> None:
+    for v in vals:
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ValidationError(f"quota values must be whole numbers >= 0 (got {v!r})")
+
+
+class AdminOps:
+    def __init__(
+        self,
+        quorum: Quorum,
+        *,
+        api_addresses: Mapping[str, str],
+        oidc_issuer: str = "",
+        oidc_client_id: str = "lattice",
+    ) -> None:
+        self.quorum = quorum
+        self.api_addresses = dict(api_addresses)
+        self.oidc_issuer = oidc_issuer
+        self.oidc_client_id = oidc_client_id
+
+    # --- tenants --------------------------------------------------------------------
+
+    def list_tenants(self, who: Identity) -> list[Tenant]:
+        return self.quorum.read(queries.tenants)
+
+    def get_tenant(self, who: Identity, name: str) -> Tenant:
+        t = self.quorum.read(queries.tenant, name)
+        if t is None:
+            raise NotFound(
+                f'tenant "{name}" not found', hint="List tenants with `lattice admin tenant list`."
+            )
+        return t
+
+    async def create_tenant(self, who: Identity, body: dict[str, Any]) -> Tenant:
+        name = str(body.get("name") or "").strip()
+        if not name:
+            raise ValidationError("tenant name is required", hint="Pass --name.")
+        try:
+            t = msgspec.convert({**body, "name": name}, Tenant)
+        except msgspec.ValidationError as e:
+            raise ValidationError(f"invalid tenant: {e}") from None
+        _check_quota_values(t.max_nodes, t.max_concurrent_allocations)
+        res = raise_if_error(await self.quorum.propose(c.CreateTenant(tenant=t, now=time.time())))
+        assert res.tenant is not None
+        return res.tenant
+
+    async def update_tenant(self, who: Identity, name: str, fields: dict[str, Any]) -> Tenant:
+        fields = {k: v for k, v in fields.items() if k != "name"}
+        _check_quota_values(fields.get("max_nodes"), fields.get("max_concurrent_allocations"))
+        res = raise_if_error(
+            await self.quorum.propose(c.UpdateTenant(name=name, fields=fields, now=time.time()))
+        )
+        assert res.tenant is not None
+        return res.tenant
+
+    # --- vClusters ------------------------------------------------------------------
+
+    def list_vclusters(self, who: Identity) -> list[VCluster]:
+        return self.quorum.read(queries.vclusters)
+
+    def get_vcluster(self, who: Identity, name: str) -> VCluster:
+        v = self.quorum.read(queries.vcluster, name)
+        if v is None:
+            raise NotFound(
+                f'vCluster "{name}" not found',
+                hint="List vClusters with `lattice admin vcluster list`.",
+            )
+        return v
+
+    async def create_vcluster(self, who: Identity, body: dict[str, Any]) -> VCluster:
+        name = str(body.get("name") or "").strip()
+        if not name:
+            raise ValidationError("vCluster name is required", hint="Pass --name.")
+        st = str(body.get("scheduler_type") or "hpc-backfill")
+        if st not in {s.value for s in SchedulerType}:
+            raise ValidationError(
+                f"unknown scheduler type {st!r}",
+                details={"available": ", ".join(s.value for s in SchedulerType)},
+            )
+        try:
+            v = msgspec.convert({**body, "name": name, "scheduler_type": st}, VCluster)
+        except msgspec.ValidationError as e:
+            raise ValidationError(f"invalid vCluster: {e}") from None
+        if v.cycle_interval_seconds <= 0:
+            raise ValidationError("cycle_interval_seconds must be greater than zero")
+        res = raise_if_error(
+            await self.quorum.propose(c.CreateVCluster(vcluster=v, now=time.time()))
+        )
+        assert res.vcluster is not None
+        return res.vcluster
+
+    async def update_vcluster(self, who: Identity, name: str, fields: dict[str, Any]) -> VCluster:
+        fields = {k: v for k, v in fields.items() if k != "name"}
+        if "weights" in fields:
+            try:
+                msgspec.convert(fields["weights"], CostWeights)
+            except msgspec.ValidationError as e:
+                raise ValidationError(f"invalid weights: {e}") from None
+        res = raise_if_error(
+            await self.quorum.propose(c.UpdateVCluster(name=name, fields=fields, now=time.time()))
+        )
+        assert res.vcluster is not None
+        return res.vcluster
+
+    # --- the member -----------------------------------------------------------------
+
+    def raft_status(self, who: Identity) -> dict[str, Any]:
+        """The member's Raft status plus ``leader_api_address`` (where clients go)."""
+        st = self.quorum.status()
+        leader = st.get("leader_address") or ""
+        st["leader_api_address"] = self.api_addresses.get(leader, "")
+        return st
+
+    def health(self) -> dict[str, Any]:
+        st = self.quorum.status()  # also refreshes the Raft gauges
+        return {
+            "status": "ok",
+            "member_id": st["member_id"],
+            "is_leader": st["is_leader"],
+            "leader_address": st["leader_address"],
+            "revision": st["revision"],
+        }
+
+    def refresh_gauges(self) -> None:
+        self.quorum.status()
+
+    def discovery(self) -> dict[str, str]:
+        """Where clients log in (the OIDC provider configured for this server)."""
+        return {
+            "idp_url": self.oidc_issuer,
+            "client_id": self.oidc_client_id,
+            "issuer": self.oidc_issuer,
+        }
+
+
+__all__ = ["AdminOps"]

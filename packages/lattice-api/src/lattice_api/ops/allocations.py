@@ -1,0 +1,194 @@
+"""AllocationService operations: submit (one allocation or a task group), get, list,
+cancel, watch, and logs (read from the head node's agent through a LogSource)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from lattice_common import commands as c
+from lattice_common.errors import NotFound, ValidationError
+from lattice_common.taskgroup import parse_task_group
+from lattice_common.types import Allocation, AllocationState
+from lattice_common.watch import decode_delta
+from lattice_quorum import queries
+from lattice_quorum.quorum import Quorum
+
+from lattice_api import access
+from lattice_api.auth import Identity
+from lattice_api.ops.base import raise_if_error
+from lattice_api.validation import validate_submission
+
+
+class LogSource(Protocol):
+    """Where allocation output comes from (lattice_api.logs.LogProxy: the agents)."""
+
+    def follow(
+        self, alloc: Allocation, *, tail: int | None = None, stream: str = "both"
+    ) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def fetch(
+        self, alloc: Allocation, *, tail: int | None = None, stream: str = "both"
+    ) -> list[dict[str, Any]]: ...
+
+
+def parse_states(state: str | None) -> set[AllocationState] | None:
+    """``"running,pending"`` -> the states (None = any); unknown names list the valid."""
+    if not state:
+        return None
+    try:
+        return {AllocationState.parse(s) for s in state.split(",") if s.strip()}
+    except ValueError:
+        raise ValidationError(
+            f"unknown state {state!r}",
+            details={"available": ", ".join(s.value for s in AllocationState)},
+        ) from None
+
+
+class AllocationOps:
+    def __init__(self, quorum: Quorum, logs: LogSource) -> None:
+        self.quorum = quorum
+        self.log_source = logs
+
+    # --- submit ---------------------------------------------------------------------
+
+    def _validate(self, who: Identity, body: dict[str, Any]) -> Any:
+        tenants, vclusters = self.quorum.read(queries.tenant_and_vcluster_names)
+        return validate_submission(
+            body,
+            user=who.user,
+            tenants=tenants,
+            vclusters=vclusters,
+            default_tenant=who.tenant,
+            # a follower may not have applied a just-created tenant yet: the state
+            # machine checks names again at commit, with the same error
+            check_names=self.quorum.is_leader,
+        )
+
+    async def submit(self, who: Identity, body: dict[str, Any]) -> Allocation:
+        spec = self._validate(who, body)
+        res = raise_if_error(
+            await self.quorum.propose(c.SubmitAllocation(spec=spec, now=time.time()))
+        )
+        assert res.allocation is not None
+        return res.allocation
+
+    async def submit_task_group(self, who: Identity, body: dict[str, Any]) -> c.CommandResult:
+        """One allocation per index of ``body["task_group"]`` (``"0-99%20"`` or an object
+        with start/end/step/concurrency); returns the group id and its tasks."""
+        tg = body.get("task_group")
+        if isinstance(tg, dict):
+            try:
+                start, end = int(tg.get("start", 0)), int(tg["end"])
+                step, conc = int(tg.get("step") or 1), int(tg.get("concurrency") or 0)
+            except (KeyError, TypeError, ValueError):
+                raise ValidationError(
+                    "task_group needs whole numbers start, end, step and concurrency",
+                    hint='e.g. {"start": 0, "end": 99, "concurrency": 20}',
+                ) from None
+            parse_task_group(f"{start}-{end}:{step}" + (f"%{conc}" if conc else ""))
+        else:
+            start, end, step, conc = parse_task_group(str(tg))
+        spec = self._validate(who, {k: v for k, v in body.items() if k != "task_group"})
+        cmd = c.SubmitTaskGroup(
+            spec=spec, start=start, end=end, step=step, concurrency=conc, now=time.time()
+        )
+        return raise_if_error(await self.quorum.propose(cmd))
+
+    # --- reads ----------------------------------------------------------------------
+
+    def get(self, who: Identity, alloc_id: str) -> Allocation:
+        self.quorum.require_caught_up()
+        a = self.quorum.read(queries.allocation, alloc_id)
+        if a is None:
+            raise NotFound(
+                f"allocation {alloc_id} not found",
+                hint="List your allocations with `lattice status`.",
+            )
+        return a
+
+    def list(
+        self,
+        who: Identity,
+        *,
+        state: str | None = None,
+        tenant: str | None = None,
+        vcluster: str | None = None,
+        user: str | None = None,
+        all_users: bool = False,
+        limit: int | None = None,
+        task_group: str | None = None,
+    ) -> list[Allocation]:
+        """Oldest first; the caller's own unless ``all_users`` or a ``user`` is given
+        (lattice_api.access.listing_user)."""
+        self.quorum.require_caught_up()
+        states = parse_states(state)
+        return self.quorum.read(
+            queries.allocations_matching,
+            states=states,
+            tenant=tenant,
+            vcluster=vcluster,
+            user=access.listing_user(who, user, all_users),
+            task_group=task_group,
+            limit=limit,
+        )
+
+    # --- cancel ---------------------------------------------------------------------
+
+    async def cancel(self, who: Identity, alloc_id: str) -> Allocation:
+        access.check_cancel(who, self.get(who, alloc_id))
+        res = raise_if_error(
+            await self.quorum.propose(
+                c.CancelAllocation(allocation_id=alloc_id, requested_by=who.user, now=time.time())
+            )
+        )
+        assert res.allocation is not None
+        return res.allocation
+
+    # --- streams --------------------------------------------------------------------
+
+    def watch(self, who: Identity, alloc_id: str) -> AsyncIterator[tuple[int, Allocation]]:
+        """(revision, allocation): the current state first, then every change, until
+        the allocation is terminal. NotFound is raised here, before the stream starts."""
+        self.get(who, alloc_id)
+        return self._watch(who, alloc_id)
+
+    async def _watch(self, who: Identity, alloc_id: str) -> AsyncIterator[tuple[int, Allocation]]:
+        q = self.quorum.subscribe()
+        try:
+            last = -1
+            while True:
+                raw = await q.get()
+                if raw is None:  # state replaced: re-read
+                    a = self.get(who, alloc_id)
+                    rev = a.revision
+                else:
+                    d = decode_delta(raw)
+                    found = [x for x in d.allocations if x.id == alloc_id]
+                    if d.snapshot and not found:
+                        raise NotFound(f"allocation {alloc_id} not found")
+                    if not found:
+                        continue
+                    a, rev = found[0], d.revision
+                if a.revision != last:
+                    last = a.revision
+                    yield rev, a
+                if a.terminal:
+                    return
+        finally:
+            self.quorum.unsubscribe(q)
+
+    async def logs(
+        self, who: Identity, alloc_id: str, *, tail: int | None = None, stream: str = "both"
+    ) -> list[dict[str, Any]]:
+        return await self.log_source.fetch(self.get(who, alloc_id), tail=tail, stream=stream)
+
+    def follow_logs(
+        self, who: Identity, alloc_id: str, *, tail: int | None = None, stream: str = "both"
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Live log lines; NotFound is raised here, before the stream starts."""
+        return self.log_source.follow(self.get(who, alloc_id), tail=tail, stream=stream)
+
+
+__all__ = ["AllocationOps", "LogSource", "parse_states"]

@@ -1,0 +1,161 @@
+"""NodeService operations: list and get nodes, the admin actions (drain, undrain,
+disable, enable, release a sensitive claim), and the agents' side (register,
+heartbeat, the level-triggered desired state)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import msgspec
+from lattice_common import commands as c
+from lattice_common.errors import NotFound, ValidationError
+from lattice_common.types import Allocation, AllocationReport, Node, NodeCapabilities, NodeState
+from lattice_common.watch import decode_delta
+from lattice_quorum import queries
+from lattice_quorum.quorum import Quorum
+
+from lattice_api import access
+from lattice_api.auth import Identity
+from lattice_api.node_monitor import NodeMonitor
+from lattice_api.ops.base import raise_if_error
+
+
+class NodeOps:
+    def __init__(
+        self, quorum: Quorum, monitor: NodeMonitor, *, api_addresses: Mapping[str, str]
+    ) -> None:
+        self.quorum = quorum
+        self.monitor = monitor
+        self.api_addresses = dict(api_addresses)
+
+    # --- reads ----------------------------------------------------------------------
+
+    def list(self, who: Identity, *, state: str | None = None) -> list[Node]:
+        self.quorum.require_caught_up()
+        wanted: set[NodeState] | None = None
+        if state:
+            try:
+                wanted = {NodeState.parse(s) for s in state.split(",") if s.strip()}
+            except ValueError:
+                raise ValidationError(
+                    f"unknown node state {state!r}",
+                    details={"available": ", ".join(s.value for s in NodeState)},
+                ) from None
+        return self.quorum.read(queries.nodes, wanted)
+
+    def get(self, who: Identity, node_id: str) -> Node:
+        n = self.quorum.read(queries.node, node_id)
+        if n is None:
+            raise NotFound(f"node {node_id} not found", hint="List nodes with `lattice nodes`.")
+        return n
+
+    # --- admin actions --------------------------------------------------------------
+
+    async def _act(self, who: Identity, node_id: str, cmd: c.Command) -> Node:
+        self.get(who, node_id)
+        res = raise_if_error(await self.quorum.propose(cmd))
+        assert res.node is not None
+        return res.node
+
+    async def drain(self, who: Identity, node_id: str, reason: str = "") -> Node:
+        cmd = c.DrainNode(node_id=node_id, reason=reason, now=time.time())
+        return await self._act(who, node_id, cmd)
+
+    async def undrain(self, who: Identity, node_id: str, reason: str = "") -> Node:
+        return await self._act(who, node_id, c.UndrainNode(node_id=node_id, now=time.time()))
+
+    async def disable(self, who: Identity, node_id: str, reason: str = "") -> Node:
+        cmd = c.DisableNode(node_id=node_id, reason=reason, now=time.time())
+        return await self._act(who, node_id, cmd)
+
+    async def enable(self, who: Identity, node_id: str, reason: str = "") -> Node:
+        return await self._act(who, node_id, c.EnableNode(node_id=node_id, now=time.time()))
+
+    async def release(self, who: Identity, node_id: str, reason: str = "") -> Node:
+        cmd = c.ReleaseNodeClaim(
+            node_id=node_id,
+            user=who.user,
+            admin=access.releases_any_claim(who),
+            now=time.time(),
+        )
+        return await self._act(who, node_id, cmd)
+
+    # --- agents ---------------------------------------------------------------------
+
+    async def register(self, who: Identity, body: dict[str, Any]) -> Node:
+        node_id = str(body.get("node_id") or "").strip()
+        if not node_id:
+            raise ValidationError("node_id is required")
+        try:
+            caps = msgspec.convert(body.get("capabilities") or {}, NodeCapabilities)
+        except msgspec.ValidationError as e:
+            raise ValidationError(f"invalid capabilities: {e}") from None
+        res = raise_if_error(
+            await self.quorum.propose(
+                c.RegisterNode(
+                    node_id=node_id,
+                    hostname=str(body.get("hostname") or ""),
+                    capabilities=caps,
+                    group=int(body.get("group") or 0),
+                    conformance_group=str(body.get("conformance_group") or ""),
+                    agent_address=str(body.get("agent_address") or ""),
+                    home_vcluster=str(body.get("home_vcluster") or ""),
+                    now=time.time(),
+                )
+            )
+        )
+        assert res.node is not None
+        self.monitor.last_seen[res.node.id] = self.monitor.clock()
+        return res.node
+
+    async def heartbeat(
+        self,
+        who: Identity,
+        node_id: str,
+        sequence: int,
+        reports: list[AllocationReport],
+        fingerprint: str = "",
+    ) -> dict[str, object]:
+        """What the agent should know (accepted? re-register?); NotLeader on a follower."""
+        return await self.monitor.heartbeat(node_id, sequence, reports, fingerprint)
+
+    def leader_hint(self) -> str | None:
+        """None on the leader; elsewhere the leader's API address ("" when unknown)."""
+        if self.quorum.is_leader:
+            return None
+        return self.api_addresses.get(self.quorum.leader_raft_address or "", "")
+
+    def desired_for(self, node_id: str) -> tuple[int, list[Allocation]]:
+        """The allocations a node should be running now, and the revision they reflect."""
+        return self.quorum.read(queries.desired_for, node_id)
+
+    async def desired_state(
+        self, who: Identity, node_id: str
+    ) -> AsyncIterator[tuple[int, list[Allocation]]]:
+        """Level-triggered dispatch: the node's desired set now and after every change
+        that touches the node."""
+        q = self.quorum.subscribe()
+        try:
+            last: tuple[int, tuple[str, ...]] | None = None
+            while True:
+                raw = await q.get()
+                if raw is not None:
+                    d = decode_delta(raw)
+                    if (
+                        not d.snapshot
+                        and not any(n.id == node_id for n in d.nodes)
+                        and not any(node_id in a.assigned_nodes for a in d.allocations)
+                    ):
+                        continue
+                gen, allocs = self.desired_for(node_id)
+                key = (gen, tuple(a.id + a.state for a in allocs))
+                if key != last:
+                    last = key
+                    yield gen, allocs
+        finally:
+            self.quorum.unsubscribe(q)
+
+
+__all__ = ["NodeOps"]

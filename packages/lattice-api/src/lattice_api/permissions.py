@@ -1,0 +1,189 @@
+"""The one permission table: every RPC and every REST route, and who holds each permission.
+
+Each entry of :data:`RPCS` (``"Service.Rpc"``) and :data:`ROUTES` (``"METHOD /path"``,
+the route's canonical path) names exactly one permission. The gRPC interceptor and the
+REST middleware look the caller's request up here and check it once, before any
+adapter or operation runs; operations only make object-level checks (lattice_api.access).
+
+Two names are not permissions: :data:`PUBLIC` (no identity needed: health, metrics,
+OIDC discovery) and :data:`NOT_BUILT` (an RPC of the contract with no adapter yet; it
+answers UNIMPLEMENTED to anyone, and the table test fails once an adapter implements it
+while it is still marked so). ``tests/test_permissions.py`` fails when an RPC of a
+served service or a registered route has no entry here, or an entry names nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from lattice_common.errors import PermissionDenied
+
+from lattice_api.auth import Identity, Role
+
+PUBLIC = "public"
+NOT_BUILT = "unimplemented"
+
+# --- who holds each permission ----------------------------------------------------------
+
+_READ = frozenset(Role) - {Role.AGENT}
+_WRITE_OWN = frozenset(
+    {Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.CLAIMING_USER, Role.USER}
+)
+ROLES: dict[str, frozenset[Role]] = {
+    "allocation.read": _READ | {Role.AGENT},
+    "allocation.submit": _WRITE_OWN,
+    "allocation.cancel": _WRITE_OWN,
+    "allocation.list_all": frozenset(
+        {Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.READ_ONLY}
+    ),
+    "node.read": _READ | {Role.AGENT},
+    "node.admin": frozenset({Role.SYSTEM_ADMIN, Role.OPERATOR, Role.TENANT_ADMIN}),
+    "node.agent": frozenset({Role.AGENT, Role.SYSTEM_ADMIN}),
+    "node.release": frozenset({Role.SYSTEM_ADMIN, Role.CLAIMING_USER}),
+    "tenant.read": _READ,
+    "tenant.admin": frozenset({Role.SYSTEM_ADMIN}),
+    "vcluster.read": _READ,
+    "vcluster.admin": frozenset({Role.SYSTEM_ADMIN}),
+    "raft.read": _READ,
+    "quorum.internal": frozenset({Role.SYSTEM_ADMIN, Role.AGENT}),
+}
+_ADMIN_ONLY = frozenset({Role.SYSTEM_ADMIN})  # any permission not listed in ROLES
+
+# --- gRPC: "Service.Rpc" -> permission (services served by lattice-server) --------------
+
+RPCS: dict[str, str] = {
+    "AllocationService.Submit": "allocation.submit",
+    "AllocationService.Get": "allocation.read",
+    "AllocationService.List": "allocation.read",
+    "AllocationService.Cancel": "allocation.cancel",
+    "AllocationService.Update": NOT_BUILT,
+    "AllocationService.Watch": "allocation.read",
+    "AllocationService.Checkpoint": NOT_BUILT,
+    "AllocationService.LaunchTasks": NOT_BUILT,
+    "AllocationService.Attach": NOT_BUILT,
+    "AllocationService.StreamLogs": "allocation.read",
+    "AllocationService.GetLogs": "allocation.read",
+    "AllocationService.QueryMetrics": NOT_BUILT,
+    "AllocationService.StreamMetrics": NOT_BUILT,
+    "AllocationService.GetDiagnostics": NOT_BUILT,
+    "AllocationService.CompareMetrics": NOT_BUILT,
+    "AllocationService.GetDag": NOT_BUILT,
+    "AllocationService.ListDags": NOT_BUILT,
+    "AllocationService.CancelDag": NOT_BUILT,
+    "AllocationService.CreateSession": NOT_BUILT,
+    "AllocationService.GetSession": NOT_BUILT,
+    "AllocationService.DeleteSession": NOT_BUILT,
+    "NodeService.ListNodes": "node.read",
+    "NodeService.GetNode": "node.read",
+    "NodeService.DrainNode": "node.admin",
+    "NodeService.UndrainNode": "node.admin",
+    "NodeService.DisableNode": "node.admin",
+    "NodeService.EnableNode": "node.admin",
+    "NodeService.ReleaseNodeClaim": "node.release",
+    "NodeService.RegisterNode": "node.agent",
+    "NodeService.Heartbeat": "node.agent",
+    "NodeService.WatchDesiredState": "node.agent",
+    "NodeService.GetNodeHealth": NOT_BUILT,
+    "AdminService.CreateTenant": "tenant.admin",
+    "AdminService.ListTenants": "tenant.read",
+    "AdminService.GetTenant": "tenant.read",
+    "AdminService.UpdateTenant": "tenant.admin",
+    "AdminService.DeleteTenant": NOT_BUILT,
+    "AdminService.CreateVCluster": "vcluster.admin",
+    "AdminService.ListVClusters": "vcluster.read",
+    "AdminService.GetVCluster": "vcluster.read",
+    "AdminService.UpdateVCluster": "vcluster.admin",
+    "AdminService.DeleteVCluster": NOT_BUILT,
+    "AdminService.GetRaftStatus": "raft.read",
+    "AdminService.CreateBackup": NOT_BUILT,
+    "AdminService.VerifyBackup": NOT_BUILT,
+    "AdminService.RestoreBackup": NOT_BUILT,
+    "AdminService.QueryAudit": NOT_BUILT,
+    "AdminService.GetAccountingUsage": NOT_BUILT,
+    "AdminService.GetTenantUsage": "tenant.read",
+    "AdminService.GetUserUsage": "tenant.read",
+    "AdminService.LookupService": NOT_BUILT,
+    "AdminService.ListServices": NOT_BUILT,
+    "QuorumService.Propose": "quorum.internal",
+    "QuorumService.Read": NOT_BUILT,
+    "QuorumService.WatchState": "quorum.internal",
+}
+
+# --- REST: "METHOD canonical-path" -> permission -----------------------------------------
+
+_NODE_ACTION = "POST /api/v1/nodes/{id}/"
+ROUTES: dict[str, str] = {
+    "GET /healthz": PUBLIC,
+    "GET /metrics": PUBLIC,
+    "GET /api/v1/auth/discovery": PUBLIC,
+    "POST /api/v1/allocations": "allocation.submit",
+    "GET /api/v1/allocations": "allocation.read",
+    "GET /api/v1/allocations/{id}": "allocation.read",
+    "DELETE /api/v1/allocations/{id}": "allocation.cancel",
+    "GET /api/v1/allocations/{id}/watch": "allocation.read",
+    "GET /api/v1/allocations/{id}/logs": "allocation.read",
+    "GET /api/v1/allocations/{id}/logs/stream": "allocation.read",
+    "GET /api/v1/nodes": "node.read",
+    "POST /api/v1/nodes/register": "node.agent",
+    "GET /api/v1/nodes/{id}": "node.read",
+    "POST /api/v1/nodes/{id}/heartbeat": "node.agent",
+    _NODE_ACTION + "drain": "node.admin",
+    _NODE_ACTION + "undrain": "node.admin",
+    _NODE_ACTION + "disable": "node.admin",
+    _NODE_ACTION + "enable": "node.admin",
+    _NODE_ACTION + "release": "node.release",
+    "GET /api/v1/tenants": "tenant.read",
+    "POST /api/v1/tenants": "tenant.admin",
+    "GET /api/v1/tenants/{name}": "tenant.read",
+    "PATCH /api/v1/tenants/{name}": "tenant.admin",
+    # usage: every role but the agents'; another user's usage is an object-level check
+    "GET /api/v1/tenants/{name}/usage": "tenant.read",
+    "GET /api/v1/usage": "tenant.read",
+    "GET /api/v1/vclusters": "vcluster.read",
+    "POST /api/v1/vclusters": "vcluster.admin",
+    "GET /api/v1/vclusters/{name}": "vcluster.read",
+    "PATCH /api/v1/vclusters/{name}": "vcluster.admin",
+    "GET /api/v1/raft/status": "raft.read",
+}
+
+
+def _with_head(routes: Mapping[str, str]) -> dict[str, str]:
+    """aiohttp answers HEAD on every GET route: same permission."""
+    out = dict(routes)
+    for key, perm in routes.items():
+        if key.startswith("GET "):
+            out["HEAD " + key[4:]] = perm
+    return out
+
+
+# What the interceptor and the middleware look up: one dict access per request.
+RPC_BY_PATH: dict[str, str] = {
+    "/lattice.v1." + name.replace(".", "/"): perm for name, perm in RPCS.items()
+}
+ROUTE_PERMISSIONS: dict[str, str] = _with_head(ROUTES)
+
+
+def allowed(identity: Identity, permission: str) -> bool:
+    return identity.role in ROLES.get(permission, _ADMIN_ONLY)
+
+
+def authorize(identity: Identity, permission: str) -> None:
+    """Raise PermissionDenied unless the caller's role holds ``permission``."""
+    if identity.role not in ROLES.get(permission, _ADMIN_ONLY):
+        raise PermissionDenied(
+            f"{identity.user} ({identity.role.value}) may not perform {permission}",
+            hint="Ask your tenant or system administrator for the needed role.",
+        )
+
+
+__all__ = [
+    "NOT_BUILT",
+    "PUBLIC",
+    "ROLES",
+    "ROUTES",
+    "ROUTE_PERMISSIONS",
+    "RPCS",
+    "RPC_BY_PATH",
+    "allowed",
+    "authorize",
+]

@@ -1,0 +1,23 @@
+"""The aiohttp application of lattice-server: the shared middleware (lattice_api.http)
+and every service's routes."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from lattice_api import http
+from lattice_api.auth import Authenticator
+from lattice_api.operations import Operations
+from lattice_api.rest import admin, allocations, nodes, public, usage
+
+
+def build_rest_app(ops: Operations, auth: Authenticator) -> web.Application:
+    app = web.Application(
+        middlewares=[http.middleware(auth)], client_max_size=ops.settings.max_request_bytes
+    )
+    for routes in (public, allocations, nodes, admin, usage):
+        routes.add_routes(app.router, ops)
+    return app
+
+
+__all__ = ["build_rest_app"]

@@ -1,0 +1,28 @@
+"""Routes that need no identity: ``/healthz``, ``/metrics`` (Prometheus) and
+``/api/v1/auth/discovery`` (where clients log in). They are PUBLIC in the table."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from lattice_api.http import json_response
+from lattice_api.operations import Operations
+
+
+def add_routes(router: web.UrlDispatcher, ops: Operations) -> None:
+    admin = ops.admin
+
+    async def healthz(request: web.Request) -> web.Response:
+        return json_response(admin.health())
+
+    async def metrics(request: web.Request) -> web.Response:
+        admin.refresh_gauges()
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def discovery(request: web.Request) -> web.Response:
+        return json_response(admin.discovery())
+
+    router.add_get("/healthz", healthz)
+    router.add_get("/metrics", metrics)
+    router.add_get("/api/v1/auth/discovery", discovery)

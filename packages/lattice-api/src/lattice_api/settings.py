@@ -1,0 +1,22 @@
+"""Settings of the API that come from the configuration, passed to constructors."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from lattice_common.ledger import DEFAULT_BUDGET_PERIOD_DAYS
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ApiSettings:
+    # scheduling.budget_period_days: the window budgets are judged over
+    budget_period_days: float = DEFAULT_BUDGET_PERIOD_DAYS
+    # raft address -> API gRPC address of that member, to point clients at the leader
+    api_addresses: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    oidc_issuer: str = ""
+    oidc_client_id: str = "lattice"
+    max_request_bytes: int = 1_048_576
+
+
+__all__ = ["ApiSettings"]

@@ -1,0 +1,424 @@
+"""Parity: each implemented RPC run through gRPC and through REST gives the same records,
+the same errors (code, message, details, hint, and the status each transport maps it
+to) and the same listing rules. Both go to the same operations; this keeps the adapters
+honest."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpclib
+import msgspec
+import pytest
+from grpclib.const import Status
+from lattice_api.auth import Role
+from lattice_common.errors import LatticeError
+from lattice_common.proto.lattice import v1
+from lattice_common.types import Allocation, Node, Tenant, VCluster
+from lattice_common.wire import from_message, to_message
+from served_api import Grpc, Rest, World, bearer, grpc_error
+
+pytestmark = pytest.mark.timeout(60)
+
+ALICE = bearer("alice")
+ROOT = bearer("root", Role.SYSTEM_ADMIN)
+AGENT = bearer("agent", Role.AGENT)
+VOLATILE = {
+    "id",
+    "name",
+    "created_at",
+    "submitted_at",
+    "registered_at",
+    "revision",
+    "started_at",
+    "finished_at",
+    "last_heartbeat",
+}
+
+
+def plain(record: Any, *, drop: set[str] = frozenset()) -> dict[str, Any]:  # type: ignore[assignment]
+    data = msgspec.to_builtins(record)
+    return {k: v for k, v in data.items() if k not in drop}
+
+
+def from_rest(data: Any, t: type) -> Any:
+    return msgspec.convert(data, t)
+
+
+async def both(
+    rest: Rest,
+    grpc_call: Awaitable[Any],
+    method: str,
+    path: str,
+    who: dict[str, str],
+    body: Any = None,
+    **query: Any,
+) -> tuple[Any, Any]:
+    got = await grpc_call
+    status, data = await rest.call(method, path, who, body, **query)
+    assert status in (200, 201), data
+    return got, data
+
+
+# --------------------------------------------------------------------------- reads
+
+
+async def test_reads_give_the_same_records(served: Any) -> None:
+    _api, w, rest, channel = served
+    g = Grpc(channel, ALICE)
+    got, data = await both(
+        rest,
+        g.alloc.get(v1.GetAllocationRequest(id=w.alice_done)),
+        "GET",
+        f"/api/v1/allocations/{w.alice_done}",
+        ALICE,
+    )
+    assert plain(from_message(got, Allocation)) == plain(from_rest(data, Allocation))
+
+    for query in ({}, {"user": "bob"}, {"state": "completed"}, {"tenant": "physics"}):
+        got, data = await both(
+            rest,
+            g.alloc.list(v1.ListAllocationsRequest(**query)),
+            "GET",
+            "/api/v1/allocations",
+            ALICE,
+            **query,
+        )
+        assert [plain(from_message(a, Allocation)) for a in got.allocations] == [
+            plain(from_rest(a, Allocation)) for a in data["allocations"]
+        ], query
+
+    for query in ({}, {"state": "ready"}):
+        got, data = await both(
+            rest,
+            g.nodes.list_nodes(v1.ListNodesRequest(**query)),
+            "GET",
+            "/api/v1/nodes",
+            ALICE,
+            **query,
+        )
+        assert [plain(from_message(n, Node)) for n in got.nodes] == [
+            plain(from_rest(n, Node)) for n in data["nodes"]
+        ]
+    got, data = await both(
+        rest, g.nodes.get_node(v1.GetNodeRequest(id="n1")), "GET", "/api/v1/nodes/n1", ALICE
+    )
+    assert plain(from_message(got, Node)) == plain(from_rest(data, Node))
+
+    got, data = await both(
+        rest, g.admin.list_tenants(v1.ListTenantsRequest()), "GET", "/api/v1/tenants", ALICE
+    )
+    assert [plain(from_message(t, Tenant)) for t in got.tenants] == [
+        plain(from_rest(t, Tenant)) for t in data["tenants"]
+    ]
+    got, data = await both(
+        rest,
+        g.admin.get_tenant(v1.GetTenantRequest(name="physics")),
+        "GET",
+        "/api/v1/tenants/physics",
+        ALICE,
+    )
+    assert plain(from_message(got, Tenant)) == plain(from_rest(data, Tenant))
+    got, data = await both(
+        rest,
+        g.admin.list_v_clusters(v1.ListVClustersRequest()),
+        "GET",
+        "/api/v1/vclusters",
+        ALICE,
+    )
+    assert [plain(from_message(v, VCluster)) for v in got.vclusters] == [
+        plain(from_rest(v, VCluster)) for v in data["vclusters"]
+    ]
+    got, data = await both(
+        rest,
+        g.admin.get_v_cluster(v1.GetVClusterRequest(name="batch")),
+        "GET",
+        "/api/v1/vclusters/batch",
+        ALICE,
+    )
+    assert plain(from_message(got, VCluster)) == plain(from_rest(data, VCluster))
+
+    got, data = await both(
+        rest,
+        g.admin.get_raft_status(v1.GetRaftStatusRequest()),
+        "GET",
+        "/api/v1/raft/status",
+        ALICE,
+    )
+    assert (int(got.member_id), got.term, got.commit_index, got.last_applied) == (
+        data["member_id"],
+        data["term"],
+        data["commit_index"],
+        data["last_applied"],
+    )
+    assert [(int(m.id), m.address, m.state) for m in got.members] == [
+        (m["id"], m["address"], m["state"]) for m in data["members"]
+    ]
+
+
+async def test_streams_and_logs_give_the_same_lines(served: Any) -> None:
+    _api, w, rest, channel = served
+    g = Grpc(channel, ALICE)
+    events = [
+        (ev.revision, plain(from_message(ev.allocation, Allocation)))
+        async for ev in g.alloc.watch(v1.WatchAllocationsRequest(id=w.alice_done))
+    ]
+    status, lines = await rest.call("GET", f"/api/v1/allocations/{w.alice_done}/watch", ALICE)
+    assert status == 200
+    assert events == [
+        (ln["revision"], plain(from_rest(ln["allocation"], Allocation))) for ln in lines
+    ]
+
+    aid = w.bob_running
+    got = await g.alloc.get_logs(v1.GetLogsRequest(allocation_id=aid, stream="stderr"))
+    status, data = await rest.call("GET", f"/api/v1/allocations/{aid}/logs", ALICE, stream="stderr")
+    assert [ln.to_dict() for ln in got.lines] == [
+        v1.LogLine(**ln).to_dict() for ln in data["lines"]
+    ]
+    streamed = [
+        ln.to_dict()
+        async for ln in g.alloc.stream_logs(v1.StreamLogsRequest(allocation_id=aid, tail=1))
+    ]
+    status, data = await rest.call("GET", f"/api/v1/allocations/{aid}/logs/stream", ALICE, tail=1)
+    assert streamed == [v1.LogLine(**ln).to_dict() for ln in data]
+
+
+async def test_usage_gives_the_same_numbers(served: Any) -> None:
+    _api, _w, rest, channel = served
+    g = Grpc(channel, ALICE)
+    got = await g.admin.get_tenant_usage(v1.GetTenantUsageRequest(tenant="physics"))
+    status, data = await rest.call("GET", "/api/v1/tenants/physics/usage", ALICE)
+    assert status == 200 and got.tenant == data["tenant"]
+    for field in ("node_hours", "gpu_hours", "fair_share_usage"):  # bob's job still runs
+        assert getattr(got, field) == pytest.approx(data[field], rel=0.05, abs=1e-3), field
+    for field in ("nodes_in_use", "running_allocations", "max_nodes", "node_hours_budget"):
+        assert getattr(got, field) == data[field], field
+    got = await g.admin.get_user_usage(v1.GetUserUsageRequest(tenant="bio"))
+    status, data = await rest.call("GET", "/api/v1/usage", ALICE, tenant="bio")
+    assert (got.user, got.tenant, got.allocations) == (data["user"], data["tenant"], 1)
+    assert got.node_hours == pytest.approx(data["node_hours"])
+
+
+# --------------------------------------------------------------------------- writes
+
+
+async def test_writes_give_the_same_records(served: Any) -> None:
+    api, w, rest, channel = served
+    g, admin = Grpc(channel, ALICE), Grpc(channel, ROOT)
+    spec = w.spec("alice")
+    res = await g.alloc.submit(v1.SubmitRequest(allocation=to_message(spec, v1.AllocationSpec)))
+    status, data = await rest.call("POST", "/api/v1/allocations", ALICE, msgspec.to_builtins(spec))
+    assert status == 201
+    assert plain(from_message(res.allocations[0], Allocation), drop=VOLATILE) == plain(
+        from_rest(data, Allocation), drop=VOLATILE
+    )
+
+    got = await g.alloc.cancel(v1.CancelAllocationRequest(id=res.allocation_ids[0]))
+    status, data = await rest.call("DELETE", f"/api/v1/allocations/{data['id']}", ALICE)
+    assert plain(from_message(got, Allocation), drop=VOLATILE) == plain(
+        from_rest(data, Allocation), drop=VOLATILE
+    )
+
+    for rpc, action in (
+        ("drain_node", "drain"),
+        ("undrain_node", "undrain"),
+        ("disable_node", "disable"),
+        ("enable_node", "enable"),
+    ):
+        got = await getattr(admin.nodes, rpc)(v1.NodeActionRequest(id="n2", reason="r"))
+        status, data = await rest.call("POST", f"/api/v1/nodes/n3/{action}", ROOT, {"reason": "r"})
+        assert status == 200
+        assert plain(from_message(got, Node), drop=VOLATILE) == plain(
+            from_rest(data, Node), drop=VOLATILE
+        ), action
+
+    tenant = Tenant(name="t-grpc", max_nodes=4, fair_share_target=0.25)
+    got = await admin.admin.create_tenant(
+        v1.CreateTenantRequest(tenant=to_message(tenant, v1.Tenant))
+    )
+    status, data = await rest.call(
+        "POST",
+        "/api/v1/tenants",
+        ROOT,
+        {"name": "t-rest", "max_nodes": 4, "fair_share_target": 0.25},
+    )
+    assert status == 201
+    assert plain(from_message(got, Tenant), drop=VOLATILE) == plain(
+        from_rest(data, Tenant), drop=VOLATILE
+    )
+    got = await admin.admin.update_tenant(
+        v1.UpdateTenantRequest(
+            tenant=v1.Tenant(name="t-grpc", max_nodes=9), update_mask=["max_nodes"]
+        )
+    )
+    status, data = await rest.call("PATCH", "/api/v1/tenants/t-rest", ROOT, {"max_nodes": 9})
+    assert got.max_nodes == data["max_nodes"] == 9
+    assert plain(from_message(got, Tenant), drop=VOLATILE) == plain(
+        from_rest(data, Tenant), drop=VOLATILE
+    )
+
+    vc = VCluster(name="v-grpc", cycle_interval_seconds=5.0)
+    got = await admin.admin.create_v_cluster(
+        v1.CreateVClusterRequest(vcluster=to_message(vc, v1.VCluster))
+    )
+    status, data = await rest.call(
+        "POST", "/api/v1/vclusters", ROOT, {"name": "v-rest", "cycle_interval_seconds": 5.0}
+    )
+    assert plain(from_message(got, VCluster), drop=VOLATILE) == plain(
+        from_rest(data, VCluster), drop=VOLATILE
+    )
+
+    agent = Grpc(channel, AGENT)
+    node = Node(id="r-grpc", hostname="h", group=2)
+    got = await agent.nodes.register_node(v1.RegisterNodeRequest(node=to_message(node, v1.Node)))
+    status, data = await rest.call(
+        "POST", "/api/v1/nodes/register", AGENT, {"node_id": "r-rest", "hostname": "h", "group": 2}
+    )
+    assert plain(from_message(got.node, Node), drop=VOLATILE | {"hostname"}) == plain(
+        from_rest(data, Node), drop=VOLATILE | {"hostname"}
+    )
+    for node_id, expected in (("r-grpc", False), ("ghost", True)):
+        hb = await agent.nodes.heartbeat(v1.HeartbeatRequest(node_id=node_id, sequence=1))
+        status, out = await rest.call(
+            "POST", f"/api/v1/nodes/{node_id}/heartbeat", AGENT, {"sequence": 1}
+        )
+        assert hb.reregister == out["reregister"] == expected
+    assert api.quorum.read(lambda s: {"r-grpc", "r-rest"} <= set(s.nodes))
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def rest_status_of(err: dict[str, Any]) -> int:
+    return type(LatticeError.from_dict(err)).http_status
+
+
+def grpc_status_of(err: dict[str, Any]) -> str:
+    return Status(type(LatticeError.from_dict(err)).grpc_status).name
+
+
+Case = tuple[str, Callable[[Grpc, Any], Awaitable[Any]], tuple[Any, ...], dict[str, str]]
+
+ERROR_CASES: list[Case] = [
+    (
+        "get unknown",
+        lambda g, w: g.alloc.get(v1.GetAllocationRequest(id="nope")),
+        ("GET", "/api/v1/allocations/nope"),
+        ALICE,
+    ),
+    (
+        "list bad state",
+        lambda g, w: g.alloc.list(v1.ListAllocationsRequest(state="bogus")),
+        ("GET", "/api/v1/allocations", None, {"state": "bogus"}),
+        ALICE,
+    ),
+    (
+        "cancel another's",
+        lambda g, w: g.alloc.cancel(v1.CancelAllocationRequest(id=w.bob_running)),
+        ("DELETE", "/api/v1/allocations/{bob_running}"),
+        ALICE,
+    ),
+    (
+        "cancel finished",
+        lambda g, w: g.alloc.cancel(v1.CancelAllocationRequest(id=w.alice_done)),
+        ("DELETE", "/api/v1/allocations/{alice_done}"),
+        ALICE,
+    ),
+    (
+        "submit unknown tenant",
+        lambda g, w: g.alloc.submit(
+            v1.SubmitRequest(allocation=to_message(w.spec("alice", "nobody"), v1.AllocationSpec))
+        ),
+        (
+            "POST",
+            "/api/v1/allocations",
+            msgspec.to_builtins(World.spec("alice", "nobody")),
+        ),
+        ALICE,
+    ),
+    (
+        "get unknown node",
+        lambda g, w: g.nodes.get_node(v1.GetNodeRequest(id="nx")),
+        ("GET", "/api/v1/nodes/nx"),
+        ALICE,
+    ),
+    (
+        "drain unknown node",
+        lambda g, w: g.nodes.drain_node(v1.NodeActionRequest(id="nx")),
+        ("POST", "/api/v1/nodes/nx/drain"),
+        ROOT,
+    ),
+    (
+        "release unclaimed",
+        lambda g, w: g.nodes.release_node_claim(v1.NodeActionRequest(id="n3")),
+        ("POST", "/api/v1/nodes/n3/release"),
+        ROOT,
+    ),
+    (
+        "unknown tenant",
+        lambda g, w: g.admin.get_tenant(v1.GetTenantRequest(name="x")),
+        ("GET", "/api/v1/tenants/x"),
+        ALICE,
+    ),
+    (
+        "unknown vcluster",
+        lambda g, w: g.admin.get_v_cluster(v1.GetVClusterRequest(name="x")),
+        ("GET", "/api/v1/vclusters/x"),
+        ALICE,
+    ),
+    (
+        "tenant exists",
+        lambda g, w: g.admin.create_tenant(v1.CreateTenantRequest(tenant=v1.Tenant(name="bio"))),
+        ("POST", "/api/v1/tenants", {"name": "bio"}),
+        ROOT,
+    ),
+    (
+        "bad quota",
+        lambda g, w: g.admin.update_tenant(
+            v1.UpdateTenantRequest(
+                tenant=v1.Tenant(name="bio", max_nodes=-1), update_mask=["max_nodes"]
+            )
+        ),
+        ("PATCH", "/api/v1/tenants/bio", {"max_nodes": -1}),
+        ROOT,
+    ),
+    (
+        "another user's usage",
+        lambda g, w: g.admin.get_user_usage(v1.GetUserUsageRequest(user="bob")),
+        ("GET", "/api/v1/usage", None, {"user": "bob"}),
+        ALICE,
+    ),
+    (
+        "unknown tenant usage",
+        lambda g, w: g.admin.get_tenant_usage(v1.GetTenantUsageRequest(tenant="x")),
+        ("GET", "/api/v1/tenants/x/usage"),
+        ALICE,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "grpc_call", "rest_call", "who"), ERROR_CASES, ids=[c[0] for c in ERROR_CASES]
+)
+async def test_errors_are_the_same(
+    served: Any, name: str, grpc_call: Any, rest_call: tuple[Any, ...], who: dict[str, str]
+) -> None:
+    _api, w, rest, channel = served
+    gstatus, gerr = await grpc_error(grpc_call(Grpc(channel, who), w))
+    method, path, *rest_args = rest_call
+    body = rest_args[0] if rest_args else None
+    query = rest_args[1] if len(rest_args) > 1 else {}
+    rstatus, data = await rest.call(method, path.format(**vars(w)), who, body, **query)
+    rerr = data["error"]
+    assert gerr == rerr, name
+    assert rstatus == rest_status_of(rerr) and rstatus >= 400
+    assert gstatus == grpc_status_of(gerr)
+
+
+async def test_grpc_errors_rebuild_the_typed_error(served: Any) -> None:
+    _api, _w, _rest, channel = served
+    with pytest.raises(grpclib.GRPCError) as e:
+        await Grpc(channel, ALICE).alloc.get(v1.GetAllocationRequest(id="nope"))
+    err = LatticeError.from_dict(msgspec.json.decode(e.value.message or "{}"))
+    assert err.code == "not_found" and err.hint == "List your allocations with `lattice status`."

@@ -1,0 +1,244 @@
+"""Named reads over GlobalState, for ``quorum.read(queries.x, ...)``.
+
+Each function runs under the apply lock (the quorum calls it) and returns copies or
+fresh values, never a record the state machine will go on mutating. Callers name what
+they want instead of reaching into GlobalState's dictionaries, so the state's layout can
+change behind these functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any, TypeVar
+
+import msgspec
+from lattice_common.ledger import budget_status, node_gpu_counts, usage, usage_by
+from lattice_common.types import (
+    HOLDING_STATES,
+    Allocation,
+    AllocationState,
+    Node,
+    NodeState,
+    Tenant,
+    VCluster,
+)
+
+from lattice_quorum.state import GlobalState
+
+T = TypeVar("T")
+
+_copy = msgspec.structs.replace
+
+
+# --- allocations -----------------------------------------------------------------------
+
+
+def tenant_and_vcluster_names(s: GlobalState) -> tuple[set[str], set[str]]:
+    return set(s.tenants), set(s.vclusters)
+
+
+def allocation(s: GlobalState, alloc_id: str) -> Allocation | None:
+    a = s.allocations.get(alloc_id)
+    return None if a is None else _copy(a)
+
+
+def allocations_matching(
+    s: GlobalState,
+    *,
+    states: Collection[AllocationState] | None = None,
+    tenant: str | None = None,
+    vcluster: str | None = None,
+    user: str | None = None,
+    task_group: str | None = None,
+    limit: int | None = None,
+) -> list[Allocation]:
+    """Allocations passing every given filter (None = any), oldest submission first;
+    ``limit`` keeps the newest ``limit`` of them."""
+    out = []
+    for a in s.allocations.values():
+        if states is not None and a.state not in states:
+            continue
+        if tenant and a.spec.tenant != tenant:
+            continue
+        if vcluster and a.spec.vcluster != vcluster:
+            continue
+        if user and a.spec.user != user:
+            continue
+        if task_group and a.task_group_id != task_group:
+            continue
+        out.append(a)
+    out.sort(key=lambda a: a.submitted_at)
+    if limit:
+        out = out[-limit:]
+    return [_copy(a) for a in out]
+
+
+# --- nodes -----------------------------------------------------------------------------
+
+
+def node(s: GlobalState, node_id: str) -> Node | None:
+    n = s.nodes.get(node_id)
+    return None if n is None else _copy(n)
+
+
+def nodes(s: GlobalState, states: Collection[NodeState] | None = None) -> list[Node]:
+    """Nodes by id, only those in ``states`` when given."""
+    return [
+        _copy(n)
+        for n in sorted(s.nodes.values(), key=lambda n: n.id)
+        if states is None or n.state in states
+    ]
+
+
+def node_ids(s: GlobalState) -> list[str]:
+    return list(s.nodes)
+
+
+def node_state_counts(s: GlobalState) -> dict[NodeState, int]:
+    counts = dict.fromkeys(NodeState, 0)
+    for n in s.nodes.values():
+        counts[n.state] += 1
+    return counts
+
+
+def each_node(s: GlobalState, fn: Callable[[Node], T]) -> list[T]:
+    """``fn`` of every node, in one consistent read; ``fn`` must return values, not the
+    node itself (e.g. ``(n.id, n.state)``)."""
+    return [fn(n) for n in s.nodes.values()]
+
+
+def desired_for(s: GlobalState, node_id: str) -> tuple[int, list[Allocation]]:
+    """The allocations a node should be running now, and the revision they reflect."""
+    n = s.nodes.get(node_id)
+    if n is None or not n.owner:
+        return (n.revision if n else s.revision), []
+    a = s.allocations.get(n.owner)
+    if a is None or a.state not in HOLDING_STATES:
+        return n.revision, []
+    return max(n.revision, a.revision), [_copy(a)]
+
+
+# --- tenants and vClusters -------------------------------------------------------------
+
+
+def tenants(s: GlobalState) -> list[Tenant]:
+    return [_copy(t) for t in sorted(s.tenants.values(), key=lambda t: t.name)]
+
+
+def tenant(s: GlobalState, name: str) -> Tenant | None:
+    t = s.tenants.get(name)
+    return None if t is None else _copy(t)
+
+
+def vclusters(s: GlobalState) -> list[VCluster]:
+    return [_copy(v) for v in sorted(s.vclusters.values(), key=lambda v: v.name)]
+
+
+def vcluster(s: GlobalState, name: str) -> VCluster | None:
+    v = s.vclusters.get(name)
+    return None if v is None else _copy(v)
+
+
+# --- usage (the internal budget ledger over committed records) --------------------------
+
+
+def _usage_fields(u: Any) -> dict[str, Any]:
+    return {
+        "node_hours": u.node_hours,
+        "gpu_hours": u.gpu_hours,
+        "allocations": u.allocations,
+        "running_allocations": u.running_allocations,
+        "nodes_in_use": u.nodes_in_use,
+    }
+
+
+def tenant_usage(
+    s: GlobalState, tenant: str, *, window_days: float, period_days: float, now: float
+) -> dict[str, Any] | None:
+    """A tenant's usage over ``window_days``, its budgets judged over ``period_days``,
+    its quotas and a per-user breakdown; None when the tenant does not exist."""
+    t = s.tenants.get(tenant)
+    if t is None:
+        return None
+    window, period = window_days, period_days
+    inv = node_gpu_counts(s.nodes.values())
+    allocs = s.allocations.values()
+    u = usage(allocs, now=now, window_days=window, tenant=tenant, node_gpus=inv)
+    p = (
+        u
+        if window == period
+        else usage(allocs, now=now, window_days=period, tenant=tenant, node_gpus=inv)
+    )
+    total = usage(allocs, now=now, window_days=window, node_gpus=inv).node_hours
+    users = usage_by(allocs, "user", now=now, window_days=window, tenant=tenant, node_gpus=inv)
+    b = budget_status(p, t)
+    return {
+        "tenant": tenant,
+        "days": window,
+        "since": u.since,
+        "until": u.until,
+        **_usage_fields(u),
+        "max_nodes": t.max_nodes,
+        "max_concurrent_allocations": t.max_concurrent_allocations,
+        "fair_share_target": t.fair_share_target,
+        "fair_share_usage": u.node_hours / total if total > 0 else 0.0,
+        "budget_period_days": period,
+        "node_hours_used": p.node_hours,
+        "gpu_hours_used": p.gpu_hours,
+        "node_hours_budget": t.node_hours_budget,
+        "gpu_hours_budget": t.gpu_hours_budget,
+        "budget_fraction_used": b.fraction,
+        "node_budget_fraction": b.node_fraction,
+        "gpu_budget_fraction": b.gpu_fraction,
+        "node_hours_remaining": b.node_hours_remaining,
+        "gpu_hours_remaining": b.gpu_hours_remaining,
+        "budget_source": "internal",
+        "users": [
+            {"user": name, **_usage_fields(x)}
+            for name, x in sorted(users.items(), key=lambda kv: (-kv[1].node_hours, kv[0]))
+        ],
+    }
+
+
+def user_usage(
+    s: GlobalState, user: str, *, tenant: str | None, window_days: float, now: float
+) -> dict[str, Any] | None:
+    """A user's usage over ``window_days`` in every tenant (or only ``tenant``), with a
+    per-tenant breakdown; None when ``tenant`` is given and does not exist."""
+    if tenant is not None and tenant not in s.tenants:
+        return None
+    window = window_days
+    inv = node_gpu_counts(s.nodes.values())
+    allocs = s.allocations.values()
+    u = usage(allocs, now=now, window_days=window, tenant=tenant, user=user, node_gpus=inv)
+    by_tenant = usage_by(
+        allocs, "tenant", now=now, window_days=window, tenant=tenant, user=user, node_gpus=inv
+    )
+    return {
+        "user": user,
+        "tenant": tenant or "",
+        "days": window,
+        "since": u.since,
+        "until": u.until,
+        **_usage_fields(u),
+        "tenants": [{"tenant": name, **_usage_fields(x)} for name, x in by_tenant.items()],
+    }
+
+
+__all__ = [
+    "allocation",
+    "allocations_matching",
+    "desired_for",
+    "each_node",
+    "node",
+    "node_ids",
+    "node_state_counts",
+    "nodes",
+    "tenant",
+    "tenant_and_vcluster_names",
+    "tenant_usage",
+    "tenants",
+    "user_usage",
+    "vcluster",
+    "vclusters",
+]
