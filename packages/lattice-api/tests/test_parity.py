@@ -89,6 +89,20 @@ async def test_reads_give_the_same_records(served: Any) -> None:
             plain(from_rest(a, Allocation)) for a in data["allocations"]
         ], query
 
+    # every user's allocations: ?all on REST, all_users on gRPC, for a role allowed to
+    root = Grpc(channel, ROOT)
+    got, data = await both(
+        rest,
+        root.alloc.list(v1.ListAllocationsRequest(all_users=True)),
+        "GET",
+        "/api/v1/allocations",
+        ROOT,
+        all="true",
+    )
+    everyone = [plain(from_message(a, Allocation)) for a in got.allocations]
+    assert everyone == [plain(from_rest(a, Allocation)) for a in data["allocations"]]
+    assert {a["spec"]["user"] for a in everyone} >= {"alice", "bob"}
+
     for query in ({}, {"state": "ready"}):
         got, data = await both(
             rest,
@@ -305,6 +319,12 @@ ERROR_CASES: list[Case] = [
         "get unknown",
         lambda g, w: g.alloc.get(v1.GetAllocationRequest(id="nope")),
         ("GET", "/api/v1/allocations/nope"),
+        ALICE,
+    ),
+    (
+        "list all users without the permission",
+        lambda g, w: g.alloc.list(v1.ListAllocationsRequest(all_users=True)),
+        ("GET", "/api/v1/allocations", None, {"all": "true"}),
         ALICE,
     ),
     (

@@ -44,15 +44,16 @@ class AllocationService(v1.AllocationServiceBase):
         return to_message(self.ops.get(who(), message.id), v1.Allocation)
 
     async def list(self, message: v1.ListAllocationsRequest) -> v1.ListAllocationsResponse:
-        # the request has no "all" field: an empty user means the caller, as in REST
-        # without ?all (lattice_api.access.listing_user)
+        # the same listing rule as REST's ?all (lattice_api.access.listing_user)
         allocs = self.ops.list(
             who(),
             state=message.state or None,
             tenant=message.tenant or None,
             vcluster=message.vcluster or None,
             user=message.user or None,
+            all_users=message.all_users,
             limit=message.limit or None,
+            task_group=message.task_group_id or None,
         )
         return v1.ListAllocationsResponse(
             allocations=[to_message(a, v1.Allocation) for a in allocs]

@@ -1977,6 +1977,16 @@ class ListAllocationsRequest(betterproto2.Message):
     filter by owning DAG
     """
 
+    all_users: "bool" = betterproto2.field(7, betterproto2.TYPE_BOOL)
+    """
+    every user's allocations (needs allocation.list_all); false = the caller's, or user's
+    """
+
+    task_group_id: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
+    """
+    filter by task group
+    """
+
 
 default_message_pool.register_message(
     "lattice.v1", "ListAllocationsRequest", ListAllocationsRequest
