@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 from lattice_common.config import load_config
+from lattice_common.errors import ValidationError
+from lattice_common.net import split_host_port
 from lattice_common.process import daemon_main, run_until_signal, start_metrics
 
 
@@ -66,6 +68,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _listen_address(listen: str) -> tuple[str, int]:
+    """``--listen``/``node_agent.grpc_listen`` as (host, port); an empty host is every interface."""
+    try:
+        return split_host_port(listen, default_host="0.0.0.0")
+    except ValueError as e:
+        raise ValidationError(
+            f"agent listen address: {e}",
+            hint="give --listen as host:port, e.g. 0.0.0.0:50053 (port 0 picks a free port)",
+        ) from None
+
+
 async def run(args: argparse.Namespace) -> None:
     from lattice_common.rpc import Endpoints
 
@@ -76,8 +89,7 @@ async def run(args: argparse.Namespace) -> None:
     cfg = load_config(args.config)
     na = cfg.node_agent
     start_metrics(na.metrics_listen if args.metrics_listen is None else args.metrics_listen)
-    listen = args.listen or na.grpc_listen
-    lhost, _, lport = listen.rpartition(":")
+    listen_host, listen_port = _listen_address(args.listen or na.grpc_listen)
     token = cfg.api.agent_token.get_secret_value() if cfg.api.agent_token else None
     uenv_hash = (
         na.uenv_base_image_hash if args.uenv_base_image_hash is None else args.uenv_base_image_hash
@@ -109,8 +121,8 @@ async def run(args: argparse.Namespace) -> None:
         work_dir=Path(args.work_dir or na.work_dir),
         log_dir=Path(args.log_dir or na.log_dir),
         state_file=Path(args.state_file or na.state_file),
-        listen_host=lhost or "0.0.0.0",
-        listen_port=int(lport),
+        listen_host=listen_host,
+        listen_port=listen_port,
         advertise_host=args.advertise_host,
         heartbeat_interval=args.heartbeat_interval or na.heartbeat_interval_seconds,
         walltime_grace=na.walltime_grace_seconds

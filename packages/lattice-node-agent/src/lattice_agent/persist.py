@@ -1,0 +1,156 @@
+"""Persistence: the agent's state file, so that a restarted agent reattaches to its work.
+
+A restarted agent is no longer the parent of the processes it started, so identity and intent
+are written down after every change: pid, pgid, the kernel start time of the pid (against pid
+reuse), ``started_at``, the walltime, the log paths, a termination in progress and the exit
+once known. The file is replaced atomically (tmp + rename, mode 0600); an unreadable one is
+moved aside as ``.corrupt`` rather than silently overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lattice_agent.lifecycle import PHASE_EXITED, PHASE_RUNNING, Lifecycle, Status
+from lattice_agent.spawn import AllocPaths
+
+log = logging.getLogger("lattice.agent.runtime")
+
+__all__ = ["STATE_VERSION", "SavedAlloc", "StateFile", "from_entry", "to_entry"]
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SavedAlloc:
+    """One allocation as the state file holds it."""
+
+    life: Lifecycle
+    pid: int
+    pgid: int
+    proc_start: int | None
+    paths: AllocPaths
+
+
+def to_entry(saved: SavedAlloc) -> dict[str, Any]:
+    life = saved.life
+    return {
+        "id": life.allocation_id,
+        "pid": saved.pid,
+        "pgid": saved.pgid,
+        "proc_start": saved.proc_start,
+        "started_at": life.started_at,
+        "walltime_seconds": life.walltime_seconds,
+        "deadline": life.deadline,
+        "work_dir": str(saved.paths.work_dir),
+        "stdout": str(saved.paths.stdout),
+        "stderr": str(saved.paths.stderr),
+        "exit_file": str(saved.paths.exit_file),
+        "phase": life.phase,
+        "exit_code": life.exit_code,
+        "reason": life.reason,
+        "finished_at": life.finished_at,
+        "stop_reason": life.stop_reason,
+        "kill_signal": life.kill_signal,
+    }
+
+
+def from_entry(d: dict[str, Any]) -> SavedAlloc:
+    """Raises KeyError/TypeError/ValueError for an entry that cannot be used."""
+    work_dir = Path(d["work_dir"])
+    walltime = float(d.get("walltime_seconds") or 0)
+    started_at = float(d["started_at"])
+    phase = d.get("phase", PHASE_RUNNING)
+    life = Lifecycle(
+        allocation_id=str(d["id"]),
+        # a running record is taken over by Recovered, which re-derives the rest
+        status=Status.EXITED if phase == PHASE_EXITED else Status.RUNNING,
+        started_at=started_at,
+        walltime_seconds=walltime,
+        deadline=started_at + walltime if walltime > 0 else d.get("deadline"),
+        exit_code=d.get("exit_code"),
+        reason=d.get("reason", ""),
+        finished_at=d.get("finished_at"),
+        stop_reason=d.get("stop_reason", ""),
+        kill_signal=int(d.get("kill_signal") or 0),
+    )
+    pid = int(d["pid"])
+    return SavedAlloc(
+        life=life,
+        pid=pid,
+        pgid=int(d.get("pgid") or pid),
+        proc_start=d.get("proc_start"),
+        paths=AllocPaths(
+            work_dir=work_dir,
+            stdout=Path(d["stdout"]),
+            stderr=Path(d["stderr"]),
+            exit_file=Path(d.get("exit_file") or work_dir / "exit_code"),
+        ),
+    )
+
+
+class StateFile:
+    """``agent-state.json``: every allocation record of one node's runtime."""
+
+    def __init__(self, path: Path, *, node_id: str, clock: Callable[[], float]) -> None:
+        self.path = Path(path)
+        self._node_id = node_id
+        self._clock = clock
+
+    def load(self) -> list[dict[str, Any]]:
+        """The raw entries; an unreadable file is moved aside and counts as empty."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            log.error("cannot read state file %s: %s", self.path, e)
+            return []
+        try:
+            data = json.loads(raw)
+            entries = data["allocations"]
+            if not isinstance(entries, list):
+                raise TypeError("allocations is not a list")
+        except (ValueError, KeyError, TypeError) as e:
+            aside = self.path.with_name(self.path.name + ".corrupt")
+            log.error("state file %s unreadable (%s); moved to %s", self.path, e, aside)
+            with contextlib.suppress(OSError):
+                os.replace(self.path, aside)
+            return []
+        return [e for e in entries if isinstance(e, dict)]
+
+    def save(self, entries: list[dict[str, Any]]) -> None:
+        data = {
+            "version": STATE_VERSION,
+            "node_id": self._node_id,
+            "written_at": self._clock(),
+            "allocations": entries,
+        }
+        payload = json.dumps(data, indent=1, sort_keys=True).encode()
+        path = self.path
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                os.fchmod(fd, 0o600)
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            # Atomic replace, no fsync: the file exists to survive an agent restart (the
+            # page cache outlives the process); after a machine crash no workload is left
+            # to reattach, and stale entries are recognised by pid start time.
+            os.replace(tmp, path)
+        except OSError as e:
+            log.error("cannot write state file %s: %s", path, e)
+            with contextlib.suppress(OSError):
+                tmp.unlink()

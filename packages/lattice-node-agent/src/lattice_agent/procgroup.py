@@ -1,0 +1,244 @@
+"""Process-group control: signals, membership via /proc, the subreaper, reaping.
+
+Every allocation runs in its own session, so its pgid is the wrapper's pid. The whole group
+is signalled at once; when the wrapper ends, the rest of its group is killed too (as Slurm
+kills stray job processes at the end of a step) and the runtime waits until the group is
+empty. By default the agent makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``) so
+that grandchildren orphaned by the kill are reparented to it and reaped here, even under a
+PID 1 that does not reap (containers). Processes that leave the group (``setsid`` daemons)
+escape this; cgroups are the tool for those.
+
+A restarted agent is no longer the parent of the processes it reattaches to. The exits of
+processes this agent spawned itself are seen at once through a pidfd registered with the
+event loop (what asyncio's own ``PidfdChildWatcher`` does); otherwise liveness is polled with
+``kill(pid, 0)`` plus a zombie and pid-reuse check (the kernel start time in /proc).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from lattice_agent.lifecycle import signal_exit_code
+
+log = logging.getLogger("lattice.agent.runtime")
+
+__all__ = [
+    "ProcStat",
+    "ProcessGroup",
+    "become_subreaper",
+    "group_exists",
+    "group_members",
+    "proc_stat",
+    "status_to_exit_code",
+]
+
+LIVENESS_POLL = 0.25  # seconds between kill(pid, 0) checks for processes we did not spawn
+_CHILD_POLL = 0.1  # without pidfd: seconds between checks of our own child
+_HAVE_PROC = os.path.isdir("/proc/self")
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    state: str
+    ppid: int
+    pgrp: int
+    starttime: int
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """State, parent, process group and kernel start time of ``pid`` (None: gone or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        rest = data[data.rindex(b")") + 2 :].split()
+        return ProcStat(rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[19]))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def group_members(pgid: int) -> list[tuple[int, ProcStat]]:
+    members: list[tuple[int, ProcStat]] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return members
+    for name in names:
+        if not name.isdigit():
+            continue
+        st = proc_stat(int(name))
+        if st is not None and st.pgrp == pgid:
+            members.append((int(name), st))
+    return members
+
+
+def group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def status_to_exit_code(status: int) -> int:
+    """A ``waitpid`` status as the exit code the runtime reports (128+N for signal N)."""
+    code = os.waitstatus_to_exitcode(status)
+    return signal_exit_code(-code) if code < 0 else code
+
+
+_subreaper_done = False
+
+
+def become_subreaper() -> None:
+    """Adopt orphaned descendants (once per process; a no-op where prctl is missing)."""
+    global _subreaper_done
+    if _subreaper_done:
+        return
+    _subreaper_done = True
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_CHILD_SUBREAPER) failed: errno %d", ctypes.get_errno())
+    except (OSError, AttributeError) as e:  # not Linux
+        log.info("child subreaper not available: %s", e)
+
+
+class ProcessGroup:
+    """One allocation's process group, led by its wrapper (pid == pgid).
+
+    ``is_child``: spawned by this agent process, so it can be waited for; ``wait_code`` is
+    the wrapper's exit code once this agent has reaped it.
+    """
+
+    def __init__(
+        self, name: str, pid: int, *, pgid: int = 0, proc_start: int | None, is_child: bool
+    ) -> None:
+        self.name = name
+        self.pid = pid
+        self.pgid = pgid or pid
+        self.proc_start = proc_start
+        self.is_child = is_child
+        self.wait_code: int | None = None
+
+    def signal(self, sig: int) -> None:
+        if self.pgid <= 1:
+            return
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError as e:
+            log.error("cannot signal process group %d of %s: %s", self.pgid, self.name, e)
+
+    def leader_alive(self) -> bool:
+        if self.is_child:
+            try:
+                res = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                self.is_child = False
+            else:
+                return res is None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        if not _HAVE_PROC:
+            return True
+        st = proc_stat(self.pid)
+        if st is None or st.state in ("Z", "X"):
+            return False
+        # a different process that got the same pid
+        return self.proc_start is None or st.starttime == self.proc_start
+
+    async def wait_leader(self) -> None:
+        """Return when the wrapper has ended (without reaping it: the zombie pins the pgid)."""
+        if self.is_child:
+            await self._wait_child()
+        while self.leader_alive():
+            await asyncio.sleep(LIVENESS_POLL)
+
+    async def _wait_child(self) -> None:
+        try:
+            fd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            while self.leader_alive():
+                await asyncio.sleep(_CHILD_POLL)
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        try:
+            loop.add_reader(fd, ready)
+            try:
+                await fut
+            finally:
+                loop.remove_reader(fd)
+        finally:
+            os.close(fd)
+
+    async def wait_quiet(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for every member of the group to have ended."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while time.monotonic() < deadline:
+            if not _HAVE_PROC:
+                if not group_exists(self.pgid):
+                    return
+            elif not any(st.state not in ("Z", "X") for _, st in group_members(self.pgid)):
+                return
+            await asyncio.sleep(0.05)
+
+    async def reap(self, timeout: float) -> bool:
+        """SIGKILL the group and wait until it is empty, reaping members that are our children.
+
+        Zombies whose parent is neither us nor in the group are left to that parent.
+        """
+        self.signal(signal.SIGKILL)
+        me = os.getpid()
+        deadline = time.monotonic() + timeout
+        while True:
+            if not group_exists(self.pgid):
+                self._reap(self.pid)
+                return True
+            if not _HAVE_PROC:
+                self._reap(self.pid)
+                pending = group_exists(self.pgid)
+            else:
+                members = group_members(self.pgid)
+                pids = {pid for pid, _ in members}
+                pending = False
+                for pid, st in members:
+                    if st.state not in ("Z", "X"):
+                        pending = True
+                    elif st.ppid == me:
+                        self._reap(pid)
+                    elif st.ppid in pids:
+                        pending = True  # its parent will reap it or hand it to us
+                if pending:
+                    self.signal(signal.SIGKILL)  # also whatever forked meanwhile
+            if not pending:
+                return not group_exists(self.pgid) or _HAVE_PROC
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+
+    def _reap(self, pid: int) -> None:
+        try:
+            wpid, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if wpid == pid and pid == self.pid:
+            self.wait_code = status_to_exit_code(status)

@@ -1,0 +1,221 @@
+"""Spawning an allocation: its directories, environment, exit-status wrapper and session.
+
+Everything here happens before the process exists; what comes back (:class:`Launched`) is
+what the runtime must remember to find the process again after an agent restart.
+
+* **Output goes to files, not pipes.** A pipe's read end lives in the agent; when the agent
+  dies the workload gets ``SIGPIPE``/``EPIPE`` on its next write and its output is lost. So
+  stdout and stderr are opened here as ``<log_dir>/<alloc>/stdout.log`` and ``stderr.log``
+  (appended: a requeued run keeps the earlier output) and handed to the child as fds 1 and 2.
+* **The exit status goes through a file.** Only the parent can ``waitpid()`` a child; after a
+  restart the new agent can see a process vanish but not how it ended. The user's command
+  therefore runs under a tiny ``/bin/sh`` wrapper that writes the real status to
+  ``<work_dir>/<alloc>/exit_code`` when the command ends. The entrypoint is arbitrary user
+  text: it is passed to ``/bin/sh -c`` as an argument (argv), never pasted into shell source,
+  so quotes, ``$(...)`` and the like keep their ordinary shell meaning. The wrapper catches
+  (does not ignore) ``SIGTERM``, so a group-wide SIGTERM lets the user command end and the
+  wrapper still records its status; caught signals are reset to default on exec, so the
+  user command sees the normal disposition.
+* **Its own session.** ``setsid`` makes the wrapper's pid the pgid of everything the job
+  starts, which is what the process-group control (``procgroup.py``) signals and reaps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from lattice_common.types import Allocation
+
+from lattice_agent.procgroup import proc_stat
+
+__all__ = [
+    "AllocPaths",
+    "Launched",
+    "check_alloc_id",
+    "environment",
+    "job_name",
+    "read_exit_file",
+    "spawn",
+]
+
+_SHELL = "/bin/sh"
+# argv: $0=lattice-wrapper $1=cwd $2=exit file, then the command (/bin/sh -c <entrypoint>).
+# `trap : TERM` catches SIGTERM in the wrapper only (reset to default by exec in the child).
+_WRAPPER = (
+    "trap : TERM; "
+    'cd "$1" || { echo 126 > "$2"; exit 126; }; '
+    'f=$2; shift 2; "$@"; rc=$?; '
+    'echo "$rc" > "$f"; exit "$rc"'
+)
+
+
+@dataclass(frozen=True)
+class AllocPaths:
+    """Where one allocation's files live."""
+
+    work_dir: Path
+    stdout: Path
+    stderr: Path
+    exit_file: Path
+
+    @classmethod
+    def of(cls, alloc_id: str, work_root: Path, log_root: Path) -> AllocPaths:
+        work_dir = work_root / alloc_id
+        log_dir = log_root / alloc_id
+        return cls(
+            work_dir=work_dir,
+            stdout=log_dir / "stdout.log",
+            stderr=log_dir / "stderr.log",
+            exit_file=work_dir / "exit_code",
+        )
+
+    def log(self, stream: str) -> Path:
+        return self.stdout if stream == "stdout" else self.stderr
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A started wrapper: its pid (= pgid), kernel start time, cwd and log sizes at start."""
+
+    pid: int
+    proc_start: int | None
+    cwd: str
+    offsets: dict[str, int]
+
+
+def check_alloc_id(alloc_id: str) -> None:
+    """Refuse ids that are not usable as one directory name."""
+    if (
+        not alloc_id
+        or alloc_id in (".", "..")
+        or "/" in alloc_id
+        or "\0" in alloc_id
+        or len(alloc_id) > 200
+    ):
+        raise ValueError(f"allocation id not usable as a directory name: {alloc_id!r}")
+
+
+def job_name(alloc: Allocation) -> str:
+    """The spec's name, else the entrypoint's program name (as Slurm names batch jobs)."""
+    if alloc.spec.name:
+        return alloc.spec.name
+    try:
+        words = shlex.split(alloc.spec.entrypoint)
+    except ValueError:
+        words = alloc.spec.entrypoint.split()
+    return os.path.basename(words[0]) if words else "job"
+
+
+def read_exit_file(path: Path) -> int | None:
+    """The status the wrapper wrote, or None when it never did."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def environment(
+    alloc: Allocation, nodes: list[str], node_id: str, submit_dir: str, alloc_dir: Path
+) -> dict[str, str]:
+    """The agent's environment, then the spec's, then LATTICE_* and their SLURM_* twins."""
+    env = dict(os.environ)
+    env.update(alloc.spec.env)
+    nodelist = ",".join(nodes)
+    name = job_name(alloc)
+    env.update(
+        {
+            "LATTICE_ALLOC_ID": alloc.id,
+            "LATTICE_NODELIST": nodelist,
+            "LATTICE_NNODES": str(len(nodes)),
+            "LATTICE_JOB_NAME": name,
+            "LATTICE_SUBMIT_DIR": submit_dir,
+            "LATTICE_NODE_ID": node_id,
+            "LATTICE_WORK_DIR": str(alloc_dir),
+            "SLURM_JOB_ID": alloc.id,
+            "SLURM_JOB_NODELIST": nodelist,
+            "SLURM_NNODES": str(len(nodes)),
+            "SLURM_JOB_NAME": name,
+            "SLURM_SUBMIT_DIR": submit_dir,
+        }
+    )
+    if node_id in nodes:
+        env["SLURM_NODEID"] = str(nodes.index(node_id))
+    return env
+
+
+def _signals_to_reset() -> list[int]:
+    """Signals the agent ignores; an ignored disposition would survive exec into the workload."""
+    out = {signal.SIGPIPE, signal.SIGXFSZ}
+    for s in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            if signal.getsignal(s) == signal.SIG_IGN:
+                out.add(s)
+    return sorted(out)
+
+
+def _high_fd(fd: int) -> int:
+    """Keep our fds away from 0-2 so the dup2 file actions cannot clobber each other."""
+    if fd > 2:
+        return fd
+    import fcntl
+
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(fd)
+
+
+def spawn(alloc: Allocation, nodes: list[str], node_id: str, paths: AllocPaths) -> Launched:
+    """Start ``alloc``'s wrapper in a new session. Raises OSError/ValueError when it cannot."""
+    spec = alloc.spec
+    out_fd = err_fd = -1
+    try:
+        paths.work_dir.mkdir(parents=True, exist_ok=True)
+        paths.stdout.parent.mkdir(parents=True, exist_ok=True)
+        paths.exit_file.unlink(missing_ok=True)  # a requeued allocation may run here again
+        submit_dir = spec.submit_dir
+        cwd = submit_dir if submit_dir and os.path.isdir(submit_dir) else str(paths.work_dir)
+        cwd = os.path.abspath(cwd)
+        env = environment(alloc, nodes, node_id, submit_dir or cwd, paths.work_dir)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        out_fd = _high_fd(os.open(paths.stdout, flags, 0o640))
+        err_fd = _high_fd(os.open(paths.stderr, flags, 0o640))
+        # Append (a requeued run keeps the earlier output); tail only the new part.
+        offsets = {"stdout": os.fstat(out_fd).st_size, "stderr": os.fstat(err_fd).st_size}
+        argv = [
+            _SHELL,
+            "-c",
+            _WRAPPER,
+            "lattice-wrapper",
+            cwd,
+            str(paths.exit_file),
+            _SHELL,
+            "-c",
+            spec.entrypoint,
+        ]
+        pid = os.posix_spawn(
+            _SHELL,
+            argv,
+            env,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, out_fd, 1),
+                (os.POSIX_SPAWN_DUP2, err_fd, 2),
+            ],
+            setsid=True,
+            setsigmask=(),
+            setsigdef=_signals_to_reset(),
+        )
+    finally:
+        for fd in (out_fd, err_fd):
+            if fd >= 0:
+                os.close(fd)
+    st = proc_stat(pid)
+    return Launched(
+        pid=pid, proc_start=st.starttime if st is not None else None, cwd=cwd, offsets=offsets
+    )

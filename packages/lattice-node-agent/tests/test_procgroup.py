@@ -1,0 +1,112 @@
+"""procgroup.py against real process groups: /proc membership, liveness, signals, reaping."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+
+import pytest
+from lattice_agent import procgroup
+from lattice_agent.procgroup import (
+    ProcessGroup,
+    group_exists,
+    group_members,
+    proc_stat,
+    status_to_exit_code,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def start_group(script: str) -> int:
+    """A shell in its own session, as spawn.py starts the wrapper."""
+    return os.posix_spawn("/bin/sh", ["/bin/sh", "-c", script], dict(os.environ), setsid=True)
+
+
+@pytest.fixture
+def groups():
+    # as the runtime does: orphaned group members come to us to be reaped, not to PID 1
+    procgroup.become_subreaper()
+    started: list[int] = []
+    yield started
+    for pgid in started:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pgid, os.WNOHANG)
+
+
+def wait_members(pgid: int, n: int) -> None:
+    deadline = time.monotonic() + 5
+    while len(group_members(pgid)) < n:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_proc_stat_of_this_process() -> None:
+    st = proc_stat(os.getpid())
+    assert st is not None
+    assert (st.state, st.ppid, st.pgrp) == ("R", os.getppid(), os.getpgrp())
+    assert proc_stat(2**22 + 1) is None  # above pid_max
+
+
+def test_status_to_exit_code_uses_128_plus_signal() -> None:
+    assert status_to_exit_code(3 << 8) == 3
+    assert status_to_exit_code(int(signal.SIGKILL)) == 137
+    assert status_to_exit_code(int(signal.SIGTERM)) == 143
+
+
+async def test_term_wait_and_reap_a_group(groups: list[int]) -> None:
+    pid = start_group("sleep 60 & sleep 60; wait")
+    groups.append(pid)
+    wait_members(pid, 3)
+    st = proc_stat(pid)
+    assert st is not None
+    g = ProcessGroup("t1", pid, proc_start=st.starttime, is_child=True)
+    assert g.pgid == pid
+    assert g.leader_alive()
+    g.signal(signal.SIGTERM)
+    await asyncio.wait_for(g.wait_leader(), 5)
+    assert not g.leader_alive()
+    assert await g.reap(5)
+    assert g.wait_code == 143
+    assert not group_exists(pid)
+    g.signal(signal.SIGTERM)  # a gone group: nothing happens
+
+
+async def test_reap_kills_what_is_left_after_the_leader(groups: list[int]) -> None:
+    pid = start_group("trap '' TERM; sleep 60 & exit 0")
+    groups.append(pid)
+    g = ProcessGroup("t2", pid, proc_start=None, is_child=True)
+    await asyncio.wait_for(g.wait_leader(), 5)
+    assert group_exists(pid)  # the background sleep keeps the group
+    assert await g.reap(5)
+    assert g.wait_code == 0
+    assert not group_exists(pid)
+
+
+async def test_wait_quiet_returns_when_the_group_has_ended(groups: list[int]) -> None:
+    pid = start_group("sleep 0.2")
+    groups.append(pid)
+    g = ProcessGroup("t3", pid, proc_start=None, is_child=True)
+    t0 = time.monotonic()
+    await g.wait_quiet(5)
+    assert time.monotonic() - t0 < 3
+    await g.wait_quiet(-1)  # no time left: returns at once
+
+
+def test_a_reused_pid_is_not_the_leader(groups: list[int]) -> None:
+    pid = start_group("sleep 60")
+    groups.append(pid)
+    st = proc_stat(pid)
+    assert st is not None
+    assert ProcessGroup("t4", pid, proc_start=st.starttime, is_child=False).leader_alive()
+    assert not ProcessGroup("t4", pid, proc_start=st.starttime + 1, is_child=False).leader_alive()
+
+
+def test_become_subreaper_is_idempotent() -> None:
+    procgroup.become_subreaper()
+    procgroup.become_subreaper()

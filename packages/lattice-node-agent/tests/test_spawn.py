@@ -1,0 +1,131 @@
+"""spawn.py: ids, job names, the LATTICE_*/SLURM_* environment and a real wrapper in its own
+session that records the exit status in a file."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from lattice_agent.spawn import (
+    AllocPaths,
+    check_alloc_id,
+    environment,
+    job_name,
+    read_exit_file,
+    spawn,
+)
+from lattice_common.types import Allocation, AllocationSpec
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def make_alloc(aid: str, entrypoint: str, **spec: object) -> Allocation:
+    return Allocation(
+        id=aid, spec=AllocationSpec(entrypoint=entrypoint, tenant="t", vcluster="v", **spec)
+    )
+
+
+def wait_status(pid: int) -> int:
+    deadline = time.monotonic() + 10
+    while True:
+        wpid, status = os.waitpid(pid, os.WNOHANG)
+        if wpid == pid:
+            return os.waitstatus_to_exitcode(status)
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("bad", ["", ".", "..", "a/b", "x\0y", "x" * 201])
+def test_ids_that_are_not_one_directory_name_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="not usable as a directory name"):
+        check_alloc_id(bad)
+
+
+def test_usable_ids_pass() -> None:
+    check_alloc_id("alloc-1.2_x")
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "name", "expected"),
+    [
+        ("/usr/bin/python train.py", "", "python"),
+        ("echo 'unbalanced", "", "echo"),
+        ("", "", "job"),
+        ("sleep 1", "train", "train"),
+    ],
+)
+def test_job_name(entrypoint: str, name: str, expected: str) -> None:
+    assert job_name(make_alloc("a", entrypoint, name=name)) == expected
+
+
+def test_environment_has_lattice_and_slurm_variables() -> None:
+    alloc = make_alloc("a1", "run", env={"FOO": "bar", "LATTICE_ALLOC_ID": "spoofed"})
+    env = environment(alloc, ["n0", "n1", "n2"], "n1", "/submit", Path("/work/a1"))
+    assert env["FOO"] == "bar"
+    assert env["LATTICE_ALLOC_ID"] == env["SLURM_JOB_ID"] == "a1"  # ours win over the spec's
+    assert env["LATTICE_NODELIST"] == env["SLURM_JOB_NODELIST"] == "n0,n1,n2"
+    assert env["LATTICE_NNODES"] == env["SLURM_NNODES"] == "3"
+    assert env["LATTICE_JOB_NAME"] == env["SLURM_JOB_NAME"] == "run"
+    assert env["LATTICE_SUBMIT_DIR"] == env["SLURM_SUBMIT_DIR"] == "/submit"
+    assert env["LATTICE_WORK_DIR"] == "/work/a1"
+    assert env["LATTICE_NODE_ID"] == "n1"
+    assert env["SLURM_NODEID"] == "1"
+    assert "SLURM_NODEID" not in environment(alloc, ["n0"], "n9", "/s", Path("/w"))
+
+
+def test_read_exit_file(tmp_path: Path) -> None:
+    f = tmp_path / "exit_code"
+    assert read_exit_file(f) is None
+    f.write_text("3\n")
+    assert read_exit_file(f) == 3
+    f.write_text("garbage")
+    assert read_exit_file(f) is None
+
+
+def test_paths_layout() -> None:
+    p = AllocPaths.of("a1", Path("/w"), Path("/l"))
+    assert p == AllocPaths(
+        work_dir=Path("/w/a1"),
+        stdout=Path("/l/a1/stdout.log"),
+        stderr=Path("/l/a1/stderr.log"),
+        exit_file=Path("/w/a1/exit_code"),
+    )
+    assert (p.log("stdout"), p.log("stderr")) == (p.stdout, p.stderr)
+
+
+def test_spawn_runs_the_wrapper_in_its_own_session(tmp_path: Path) -> None:
+    paths = AllocPaths.of("s1", tmp_path / "work", tmp_path / "logs")
+    paths.stdout.parent.mkdir(parents=True)
+    paths.stdout.write_text("earlier run\n")
+    launched = spawn(
+        make_alloc("s1", 'echo "$LATTICE_ALLOC_ID"; echo err >&2; pwd; exit 5'),
+        ["n1"],
+        "n1",
+        paths,
+    )
+    assert os.getpgid(launched.pid) == launched.pid
+    assert os.getsid(launched.pid) == launched.pid
+    assert launched.offsets == {"stdout": len("earlier run\n"), "stderr": 0}
+    assert launched.cwd == str(paths.work_dir)
+    assert wait_status(launched.pid) == 5
+    assert read_exit_file(paths.exit_file) == 5
+    assert paths.stdout.read_text() == f"earlier run\ns1\n{paths.work_dir}\n"
+    assert paths.stderr.read_text() == "err\n"
+
+
+def test_spawn_uses_an_existing_submit_dir(tmp_path: Path) -> None:
+    submit = tmp_path / "submit"
+    submit.mkdir()
+    paths = AllocPaths.of("s2", tmp_path / "work", tmp_path / "logs")
+    launched = spawn(make_alloc("s2", "pwd", submit_dir=str(submit)), [], "n1", paths)
+    assert launched.cwd == str(submit)
+    assert wait_status(launched.pid) == 0
+    assert paths.stdout.read_text() == f"{submit}\n"
+
+
+def test_spawn_with_an_unusable_environment_raises(tmp_path: Path) -> None:
+    paths = AllocPaths.of("s3", tmp_path / "work", tmp_path / "logs")
+    with pytest.raises(ValueError):
+        spawn(make_alloc("s3", "true", env={"BAD=NAME": "x"}), ["n1"], "n1", paths)
