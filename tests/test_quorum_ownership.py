@@ -2,7 +2,8 @@
 INV-S2, "Quota Enforcement"), against a real lattice-server over its gRPC endpoint.
 
 Allocations that must stay Pending until the test assigns them itself are submitted
-to a vCluster that no scheduler process serves.
+to a vCluster that no scheduler process serves; the last test races two real scheduler
+processes for the same nodes instead.
 """
 
 from __future__ import annotations
@@ -164,3 +165,22 @@ def test_lowering_max_nodes_keeps_running_work_but_blocks_new_assignments(h):
         assert nd["started_at"] >= lg["finished_at"]
     finally:
         cancel_quietly(h, *ids)
+
+
+def test_two_vcluster_schedulers_never_double_assign(cluster_factory):
+    """Two scheduler processes, one per vCluster, race for the same three nodes: the
+    quorum lets each node be held by one allocation at a time (INV-S1)."""
+    h = cluster_factory(members=1, agents=3, vclusters=("default", "other"))
+    jobs = []
+    for i in range(30):
+        jobs.append(h.submit("sleep 0.2", vcluster="default" if i % 2 else "other"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        running = h.allocations(state="running")
+        nodes = [n for a in running for n in a["assigned_nodes"]]
+        assert len(nodes) == len(set(nodes)), f"a node is held twice: {running}"
+        if all(h.get(j["id"])["state"] == "Completed" for j in jobs[-4:]):
+            break
+        time.sleep(0.05)
+    final = [h.wait_state(j["id"], "Completed", timeout=60) for j in jobs]
+    assert all(a["state"] == "Completed" for a in final)

@@ -2,13 +2,14 @@ Feature: Scheduling engine
   The scheduler decides which waiting allocation runs, where and when. A short job may
   use the idle nodes in front of a reservation, as long as it cannot delay the job that
   holds the reservation. A job of a higher preemption class takes nodes from jobs of a
-  lower class, which go back to the queue without losing their place. A sensitive
+  lower class, which go back to the queue without losing their place; a job of the same
+  class waits. A job may ask for a range of nodes and start with what is free. A sensitive
   allocation claims its node for its user until that user gives it back. A waiting job
   says why it waits, and an administrator can change how the queue is ranked while the
   cluster runs.
 
   Every scenario starts its own small real cluster (one quorum member, a scheduler
-  cycling every second and one or two node agents that run real processes here), and
+  cycling every second and one to three node agents that run real processes here), and
   users act through the `lattice` CLI.
 
   Scenario: A short job backfills the gap in front of a reservation, a longer one waits
@@ -30,10 +31,20 @@ Feature: Scheduling engine
     When I submit a job "urgent" of class 8 that needs 2 nodes
     Then "urgent" runs on both nodes while the class-2 jobs would still be running
     And "urgent" ends Completed
+    And lattice logs of "urgent" show that it started once and finished once
     And every class-2 job was preempted once and kept its original submit time
     And every class-2 job runs again after "urgent" and ends Completed
     And lattice status of every class-2 job shows "Preempted count:" 1
     And lattice logs of every class-2 job show that it started twice and finished once
+
+  Scenario: A job never preempts a running job of the same class
+    Given a Lattice cluster with 1 node
+    And a job "first" of class 5 that runs until released
+    When I submit a job "second" of class 5
+    Then "second" stays Pending while "first" runs
+    When I release "first"
+    Then "first" ends Completed and was never preempted
+    And "second" ends Completed
 
   Scenario: A sensitive allocation claims its node until its user releases it
     Given a Lattice cluster with 2 nodes and a "sensitive" vCluster
@@ -66,6 +77,7 @@ Feature: Scheduling engine
     Given a Lattice cluster with 1 node
     When I submit a job with lattice submit --constraint gpu_type=H100
     Then the job stays Pending although the node is idle
+    And lattice status of the job shows "Pending reason:" "no nodes matching constraints"
     And lattice status of the job with --verbose shows "Pending reason:" "no nodes matching constraints"
     And the REASON column of lattice status --verbose shows "no nodes matching constraints" for the job
 
@@ -78,6 +90,20 @@ Feature: Scheduling engine
     When I release "holder"
     Then the job ends Completed
 
+  Scenario: A job over its tenant's node quota says it waits for quota headroom
+    Given a Lattice cluster with 2 nodes
+    And the administrator creates the tenant "capped" with at most 1 node
+    And a job "capped-hold" of tenant "capped" that runs until released
+    When I submit a job with lattice submit --tenant=capped
+    Then the job stays Pending although a node is idle
+    And lattice status of the job shows "Pending reason:" "waiting for quota headroom"
+
+  Scenario: A job asking for a range of nodes starts with the nodes that are free
+    Given a Lattice cluster with 3 nodes
+    And a job "holder" of class 9 that runs until released
+    When I submit a job with lattice submit --nodes=3 --min-nodes=1
+    Then the job runs on the 2 free nodes and ends Completed
+
   Scenario Outline: Changing a vCluster's weights changes which waiting job starts first
     Given a Lattice cluster with 1 node
     And a job "holder" of class 9 that runs until released
@@ -85,6 +111,7 @@ Feature: Scheduling engine
     And a second later a job "new-high" of class 8 waiting Pending
     When the administrator sets the weights of vCluster "default" to priority <priority> and wait time <wait_time>, and every other weight to 0
     Then lattice admin vcluster list shows those weights for "default"
+    And lattice admin vcluster show default shows those weights
     When I release "holder"
     Then "<first>" starts before "<second>" and both end Completed
 

@@ -1,9 +1,12 @@
-"""The world of a scenario on its own small real cluster, shared by the step modules that
-need one (test_scheduling_bdd.py, test_fair_share_bdd.py). Not a test module: helpers
-only, no step definitions (each step module binds its own steps).
+"""The world of a scenario on a real local cluster, and the step helpers that more than
+one step module needs. Not a test module: helpers only, no step definitions (each step
+module binds its own steps).
 
-A ``World`` starts its cluster with ``cluster_factory`` (one quorum member, 1 s scheduler
-cycles, one or more agents running real processes). User actions go through the real
+A ``World`` either starts its own cluster with ``cluster_factory`` (one quorum member,
+1 s scheduler cycles, one or more agents running real processes: test_scheduling_bdd.py,
+test_fair_share_bdd.py) or runs on the step module's shared ``lattice_cluster``
+(:meth:`World.on`: test_bad_input_bdd.py, test_task_groups_bdd.py,
+test_node_agents_bdd.py). User actions go through the real
 ``lattice`` CLI (as the user the step names: the CLI sends ``$USER`` as the identity);
 the REST API is read to observe states, nodes and timestamps precisely.
 
@@ -21,12 +24,14 @@ import json
 import re
 import shlex
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from lattice_common.types import CostWeights
 from lattice_test_harness.cluster import TERMINAL, ApiError, ClusterHandle
 
@@ -35,11 +40,10 @@ OBSERVE_SECONDS = 3.0
 # Generous: the machine running the suite may be small and busy.
 TIMEOUT = 30.0
 
-WEIGHTS = tuple(CostWeights.__struct_fields__)
-# `lattice admin vcluster set-weights` flag of each weight.
-WEIGHT_FLAGS = {w: "--" + w.replace("_", "-") for w in WEIGHTS} | {
-    "checkpoint_efficiency": "--checkpoint"
-}
+# The cost function's weights, by the names CostWeights gives them (the one source of
+# weight names), and the `lattice admin vcluster set-weights` flag each one has.
+WEIGHTS = tuple(f.name for f in msgspec.structs.fields(CostWeights))
+WEIGHT_FLAGS = {w: "--" + w.replace("_", "-") for w in WEIGHTS}
 
 
 @dataclass
@@ -65,6 +69,7 @@ class World:
     node: str = ""  # the node the scenario is about
     last: subprocess.CompletedProcess[str] | None = None
     weights: dict[str, float] = field(default_factory=dict)
+    stored_before: int = 0  # how many allocations there were before a refused submission
 
     @property
     def cluster(self) -> ClusterHandle:
@@ -77,16 +82,44 @@ class World:
 
     # --- cluster ----------------------------------------------------------------------
 
-    def start_cluster(self, count: int, vclusters: tuple[str, ...] = ("default",)) -> None:
-        """A cluster of ``count`` Ready, unowned nodes with these vClusters."""
-        self._cluster = self.make(members=1, agents=count, vclusters=vclusters)
+    @classmethod
+    def on(cls, cluster: ClusterHandle, workdir: Path) -> World:
+        """A world on a cluster that the step module's scenarios share (the module-scoped
+        ``lattice_cluster``); its scenarios leave the nodes Ready and idle (see
+        :meth:`wait_idle`)."""
+        return cls(make=_shared_only, workdir=workdir, _cluster=cluster)
+
+    def start_cluster(
+        self,
+        count: int,
+        vclusters: tuple[str, ...] = ("default",),
+        agent_homes: tuple[str, ...] = (),
+    ) -> None:
+        """A cluster of ``count`` Ready, unowned nodes with these vClusters (and, with
+        ``agent_homes``, the home vCluster of each node in order)."""
+        self._cluster = self.make(
+            members=1, agents=count, vclusters=vclusters, agent_homes=agent_homes
+        )
+        self.check_nodes(count)
+        if vclusters != ("default",):
+            listed = json.loads(self.cli("admin", "vcluster", "list", "-o", "json").stdout)
+            assert set(vclusters) <= {v["name"] for v in listed}, listed
+
+    def check_nodes(self, count: int) -> None:
+        """`lattice nodes` lists ``count`` nodes, every one Ready and unowned."""
         r = self.cli("nodes", "-o", "json")
         nodes = json.loads(r.stdout)
         assert len(nodes) == count, show(r)
         assert all(n["state"] == "Ready" and not n.get("owner") for n in nodes), show(r)
-        if vclusters != ("default",):
-            listed = json.loads(self.cli("admin", "vcluster", "list", "-o", "json").stdout)
-            assert set(vclusters) <= {v["name"] for v in listed}, listed
+
+    def wait_idle(self, timeout: float = TIMEOUT) -> None:
+        """Every node Ready and held by nobody (a shared cluster between scenarios)."""
+        c = self.cluster
+        c.wait_for(
+            "every node Ready and idle",
+            lambda: all(n["state"] == "Ready" and not n["owner"] for n in c.nodes()),
+            timeout=timeout,
+        )
 
     def clean_up(self) -> None:
         """Leave no job processes behind (runs before cluster_factory stops the cluster)."""
@@ -223,6 +256,62 @@ class World:
         if not self.order_file.exists():
             return []
         return self.order_file.read_text().split()
+
+
+def _shared_only(**kw: Any) -> ClusterHandle:
+    raise AssertionError("this world runs on the step module's shared cluster")
+
+
+class StateRecorder(threading.Thread):
+    """Polls one allocation from submission on and keeps its distinct states, in order,
+    so that a step sees states that last only a moment (or pass while it does other
+    things)."""
+
+    def __init__(self, cluster: ClusterHandle, alloc_id: str, seconds: float = 60.0) -> None:
+        super().__init__(daemon=True, name=f"states-{alloc_id}")
+        self.cluster = cluster
+        self.alloc_id = alloc_id
+        self.seconds = seconds
+        self.states: list[str] = []
+        self.error: BaseException | None = None
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.seconds
+        try:
+            while not self._stop_event.is_set() and time.monotonic() < deadline:
+                s = self.cluster.get(self.alloc_id)["state"]
+                if not self.states or self.states[-1] != s:
+                    self.states.append(s)
+                if s in TERMINAL:
+                    return
+                time.sleep(0.01)
+        except BaseException as e:  # reported by the step that reads the states
+            self.error = e
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(5)
+
+
+def log_lines(r: subprocess.CompletedProcess[str]) -> list[str]:
+    """`lattice logs` lines without their "[timestamp] " prefix."""
+    return [re.sub(r"^\[[^\]]*\]\s?", "", ln) for ln in r.stdout.splitlines()]
+
+
+def assert_rejected(r: subprocess.CompletedProcess[str], error: str) -> None:
+    """A CLI run that failed cleanly, and its first ``Error:`` line says ``error``."""
+    assert r.returncode != 0, show(r)
+    assert "Traceback" not in r.stderr, show(r)
+    assert "Submitted" not in r.stdout, show(r)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("Error: ")]
+    assert errors and error in errors[0], f"no 'Error: ...{error}...' line:\n{show(r)}"
+
+
+def assert_hint_line(r: subprocess.CompletedProcess[str]) -> None:
+    """The run's error output has a ``Hint:`` line that says something."""
+    hints = [ln for ln in r.stderr.splitlines() if ln.startswith("Hint: ")]
+    assert hints and len(hints[0]) > len("Hint: ") + 5, show(r)
 
 
 def show(r: subprocess.CompletedProcess[str]) -> str:
