@@ -170,20 +170,8 @@ class ClusterHandle:
 
 
 def process_group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # zombies count as gone
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
+    """True while the process group has a member that is not a zombie (the agent's own
+    view of a group, lattice_agent.procgroup)."""
+    from lattice_agent.procgroup import group_exists, group_members
+
+    return group_exists(pgid) and any(st.state != "Z" for _, st in group_members(pgid))
