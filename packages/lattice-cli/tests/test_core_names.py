@@ -48,7 +48,7 @@ def test_set_weights_has_one_flag_per_weight():
     assert weight_flags == {"--" + w.replace("_", "-") for w in WEIGHTS}
 
 
-def test_checkpoint_is_a_hidden_alias_of_checkpoint_efficiency(fake_api):
+def test_checkpoint_is_a_hidden_alias_of_checkpoint_efficiency(api):
     runner = CliRunner()
 
     def set_weights(*flags: str):
@@ -59,7 +59,7 @@ def test_checkpoint_is_a_hidden_alias_of_checkpoint_efficiency(fake_api):
     assert created.exit_code == 0, created.stderr
     for flag in ("--checkpoint=0.25", "--checkpoint-efficiency=0.25"):
         assert set_weights(flag).exit_code == 0
-        assert fake_api.last("PATCH")["json"] == {"weights": {"checkpoint_efficiency": 0.25}}
+        assert api.last("PATCH")["json"] == {"weights": {"checkpoint_efficiency": 0.25}}
     both = set_weights("--checkpoint=0.1", "--checkpoint-efficiency=0.2")
     assert both.exit_code == 2 and "two different values" in both.stderr
     hidden = [p.opts for p in _command("admin", "vcluster", "set-weights").params if p.hidden]

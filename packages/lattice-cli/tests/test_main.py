@@ -1,4 +1,5 @@
-"""The ``lattice`` commands end to end against a fake REST API, and the real console script.
+"""The ``lattice`` commands end to end against the real REST API (over a LocalQuorum, in
+a thread: the ``api`` fixture), and the real console script.
 
 In-process runs use typer's CliRunner; the subprocess tests run the installed entry point
 (the way users do) for help output, exit codes and the connection-refused message.
@@ -16,6 +17,8 @@ import time
 
 import yaml
 from lattice_cli.main import app, load_commands
+from lattice_common import commands as c
+from lattice_common.types import AllocationState
 from typer.testing import CliRunner
 
 load_commands()  # main() registers only the command it runs; these tests call `app` directly
@@ -34,7 +37,7 @@ def closed_port() -> int:
 # --------------------------------------------------------------------------- submit
 
 
-def test_submit_script_with_directives_and_overrides(fake_api, tmp_path, monkeypatch):
+def test_submit_script_with_directives_and_overrides(api, tmp_path, monkeypatch):
     script = tmp_path / "train.sh"
     script.write_text(
         "#!/bin/bash\n"
@@ -48,6 +51,7 @@ def test_submit_script_with_directives_and_overrides(fake_api, tmp_path, monkeyp
         "#LATTICE --uenv=prgenv-gnu/24.11:v1\n"
         "srun python train.py\n"
     )
+    api.names(["physics"], ["gpu"])
     monkeypatch.chdir(tmp_path)
     result = run(
         "submit",
@@ -62,9 +66,12 @@ def test_submit_script_with_directives_and_overrides(fake_api, tmp_path, monkeyp
         "3",
     )
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.strip() == "Submitted allocation 00000001"
+    [alloc_id] = api.allocation_ids()
+    assert result.stdout.strip() == f"Submitted allocation {alloc_id}"
+    stored = api.quorum.state.allocations[alloc_id].spec
+    assert (stored.nodes, stored.walltime_seconds, stored.user) == (8, 86400, "alice")
     assert "warning:" in result.stderr and "--mail-user" in result.stderr
-    body = fake_api.last("POST")["json"]
+    body = api.last("POST")["json"]
     assert body["entrypoint"] == f"/bin/bash {script} --epochs 3"
     assert body["nodes"] == 8  # flag beats #SBATCH --nodes=4
     assert body["walltime"] == "24:00:00"
@@ -76,56 +83,61 @@ def test_submit_script_with_directives_and_overrides(fake_api, tmp_path, monkeyp
     assert body["uenv"] == "prgenv-gnu/24.11:v1"
     assert body["submit_dir"] == str(tmp_path)
     assert len(body["request_id"]) == 32
-    assert fake_api.last("POST")["headers"]["x-lattice-user"] == "alice"
+    assert api.last("POST")["headers"]["x-lattice-user"] == "alice"
 
 
-def test_submit_command_after_dashdash(fake_api, monkeypatch):
+def test_submit_command_after_dashdash(api, monkeypatch):
     monkeypatch.setenv("LATTICE_TENANT", "ml-team")
     monkeypatch.setenv("LATTICE_VCLUSTER", "ml-training")
+    api.names(["ml-team"], ["ml-training"])
     result = run("submit", "-N", "2", "-t", "72h", "--", "torchrun", "train.py", "--lr", "0.1")
     assert result.exit_code == 0, result.stderr
-    body = fake_api.last("POST")["json"]
+    body = api.last("POST")["json"]
     assert body["entrypoint"] == "torchrun train.py --lr 0.1"
     assert body["name"] == "torchrun"
     assert (body["tenant"], body["vcluster"]) == ("ml-team", "ml-training")
-    assert fake_api.last("POST")["headers"]["x-lattice-tenant"] == "ml-team"
+    assert api.last("POST")["headers"]["x-lattice-tenant"] == "ml-team"
 
 
-def test_global_flags_beat_directives_and_env(fake_api, tmp_path, monkeypatch):
+def test_global_flags_beat_directives_and_env(api, tmp_path, monkeypatch):
     script = tmp_path / "job.sh"
     script.write_text(
         "#SBATCH --account=from-script\n#SBATCH -p from-script\n#SBATCH -t 10\nhostname\n"
     )
     monkeypatch.setenv("LATTICE_TENANT", "from-env")
+    api.names(["from-script", "global", "local"], ["from-script", "gvc"])
     assert run("submit", str(script)).exit_code == 0
-    body = fake_api.last("POST")["json"]
+    body = api.last("POST")["json"]
     assert (body["tenant"], body["vcluster"]) == ("from-script", "from-script")
     assert (
         run("--tenant", "global", "--vcluster", "gvc", "submit", "-D", "sub", str(script)).exit_code
         == 0
     )
-    body = fake_api.last("POST")["json"]
+    body = api.last("POST")["json"]
     assert (body["tenant"], body["vcluster"]) == ("global", "gvc")
     assert body["submit_dir"] == os.path.abspath("sub")
     assert run("--tenant", "global", "submit", "--tenant", "local", str(script)).exit_code == 0
-    assert fake_api.last("POST")["json"]["tenant"] == "local"
+    assert api.last("POST")["json"]["tenant"] == "local"
 
 
-def test_submit_quiet_json_and_dry_run(fake_api):
+def test_submit_quiet_json_and_dry_run(api, monkeypatch):
+    monkeypatch.setenv("LATTICE_TENANT", "physics")
+    monkeypatch.setenv("LATTICE_VCLUSTER", "gpu-batch")
+    api.names()
     quiet = run("-q", "submit", "-t", "1h", "--", "hostname")
-    assert quiet.stdout.strip() == "00000001"
+    assert quiet.stdout.strip() == api.allocation_ids()[0]
     as_json = run("submit", "-o", "json", "-t", "1h", "--", "hostname")
     data = json.loads(as_json.stdout)
-    assert data["id"] == "00000002" and data["state"] == "Pending"
-    posts = len([r for r in fake_api.requests if r["method"] == "POST"])
+    assert data["id"] == api.allocation_ids()[1] and data["state"] == "Pending"
+    posts = len(api.sent("POST"))
     dry = run("submit", "--dry-run", "-t", "1h", "--requeue", "always", "--", "echo", "hi there")
     assert dry.exit_code == 0
     spec = json.loads(dry.stdout)
     assert spec["entrypoint"] == "echo 'hi there'" and spec["requeue_policy"] == "always"
-    assert len([r for r in fake_api.requests if r["method"] == "POST"]) == posts
+    assert len(api.sent("POST")) == posts
 
 
-def test_submit_server_validation_error(fake_api):
+def test_submit_server_validation_error(api):
     result = run("submit", "--", "hostname")
     assert result.exit_code == 1
     assert result.stderr.splitlines() == [
@@ -135,7 +147,7 @@ def test_submit_server_validation_error(fake_api):
     assert "Traceback" not in result.output
 
 
-def test_submit_usage_errors(fake_api, tmp_path):
+def test_submit_usage_errors(api, tmp_path):
     missing = run("submit", str(tmp_path / "nope.sh"))
     assert missing.exit_code == 2
     assert missing.stderr.startswith("Error: script")
@@ -153,54 +165,57 @@ def test_submit_usage_errors(fake_api, tmp_path):
     binary = tmp_path / "a.out"
     binary.write_bytes(b"\x7fELF\0\0\0")
     assert run("submit", str(binary)).exit_code == 2
-    assert not [r for r in fake_api.requests if r["method"] == "POST"]
+    assert not api.sent("POST")
 
 
 # --------------------------------------------------------------------------- status
 
 
-def test_status_table(fake_api):
-    fake_api.add_allocation("a1b2c3d4")
-    fake_api.add_allocation("e5f6a7b8", state="Pending", started_at=None, spec={"name": "eval"})
+def test_status_table(api):
+    api.names()
+    running = api.running(["nid001", "nid002"])
+    pending = api.pending(name="eval")
     result = run("status")
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["ID", "NAME", "STATE", "NODES", "WALLTIME", "ELAPSED", "VCLUSTER"]
-    assert lines[1].split()[:5] == ["a1b2c3d4", "train.sh", "Running", "4", "24:00:00"]
-    assert lines[2].split()[2] == "Pending" and lines[2].split()[5] == "—"
-    assert fake_api.last()["query"] == {}
+    assert lines[1].split()[:5] == [running.id, "train.sh", "Running", "2", "24:00:00"]
+    assert lines[2].split()[:3] == [pending.id, "eval", "Pending"]
+    assert lines[2].split()[5] == "—"
+    assert api.last()["query"] == {}
 
 
-def test_status_filters_and_formats(fake_api):
-    fake_api.add_allocation("a1")
+def test_status_filters_and_formats(api):
+    api.names()
+    a1 = api.running(["nid001", "nid002"]).id
     result = run("status", "--state", "running", "--all", "--user", "bob", "--limit", "3")
     assert result.exit_code == 0
-    assert fake_api.last()["query"] == {
+    assert api.last()["query"] == {
         "state": "running",
         "all": "true",
         "user": "bob",
         "limit": "3",
     }
     as_json = json.loads(run("-o", "json", "status").stdout)
-    assert [a["id"] for a in as_json] == ["a1"]
+    assert [a["id"] for a in as_json] == [a1]
     as_yaml = yaml.safe_load(run("status", "-o", "yaml").stdout)
     assert as_yaml[0]["spec"]["vcluster"] == "gpu-batch"
     wide = run("status", "-o", "wide").stdout.splitlines()
     assert wide[0].split()[-6:] == ["TENANT", "PROJECT", "UENV", "GPU_TYPE", "NODELIST", "REASON"]
     assert "nid[001-002]" in wide[1]
-    assert run("-q", "status").stdout.split() == ["a1"]
+    assert run("-q", "status").stdout.split() == [a1]
 
 
-def test_status_single_detail(fake_api):
-    fake_api.add_allocation(
-        "a1",
-        state="Failed",
-        exit_code=1,
-        reason="node_failure",
-        requeue_count=3,
-        finished_at=time.time(),
-    )
-    result = run("status", "a1")
+def test_status_single_detail(api):
+    api.names()
+    api.nodes("nid001", "nid002")
+    a1 = api.pending(nodes=2, max_requeue=3).id
+    for _ in range(3):  # the node fails under it: back to the queue, up to max_requeue
+        api.start(a1, ["nid001", "nid002"])
+        api.propose(c.RequeueAllocation(allocation_id=a1, reason="node_failure"))
+    api.start(a1, ["nid001", "nid002"])
+    api.set_state(a1, AllocationState.FAILED, exit_code=1, reason="node_failure")
+    result = run("status", a1)
     assert result.exit_code == 0
     fields = {
         k.strip(): v.strip() for k, v in (line.split(":", 1) for line in result.stdout.splitlines())
@@ -212,7 +227,7 @@ def test_status_single_detail(fake_api):
     assert fields["Assigned nodes"] == "nid[001-002]"
 
 
-def test_status_not_found(fake_api):
+def test_status_not_found(api):
     result = run("status", "nope")
     assert result.exit_code == 1
     assert result.stdout == ""
@@ -222,221 +237,107 @@ def test_status_not_found(fake_api):
     ]
 
 
-def test_status_watch_single_stops_when_terminal(fake_api):
-    fake_api.add_allocation("a1", state="Completed", exit_code=0, finished_at=time.time())
-    result = run("status", "a1", "--watch", "--interval", "0.2")
+def test_status_watch_single_stops_when_terminal(api):
+    api.names()
+    a1 = api.ended(AllocationState.COMPLETED, exit_code=0).id
+    result = run("status", a1, "--watch", "--interval", "0.2")
     assert result.exit_code == 0
     assert "Completed" in result.stdout
 
 
-def test_status_watch_list_until_ctrl_c(fake_api, tmp_path):
+def test_status_watch_list_until_ctrl_c(api, tmp_path):
     import signal
 
-    fake_api.add_allocation("a1")
+    api.names()
+    a1 = api.running().id
     proc = subprocess.Popen(
         [*_lattice(), "status", "--watch", "--interval", "0.2", "-o", "json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=_env(tmp_path, LATTICE_ENDPOINT=fake_api.url),
+        env=_env(tmp_path, LATTICE_ENDPOINT=api.rest_url),
     )
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(fake_api.requests) < 3:
+    while time.monotonic() < deadline and len(api.requests) < 3:
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     snapshots = [json.loads(line) for line in out.splitlines()]
     assert len(snapshots) >= 2
-    assert all(s[0]["id"] == "a1" for s in snapshots)
+    assert all(s[0]["id"] == a1 for s in snapshots)
     assert "Traceback" not in err
 
 
-def test_option_conversion_errors_are_usage_errors(fake_api):
+def test_option_conversion_errors_are_usage_errors(api):
     assert run("status", "--limit", "0").exit_code == 2
     assert run("status", "--limit", "many").exit_code == 2
     assert run("status", "-o", "fancy").exit_code == 2
     assert run("status", "--interval", "abc").exit_code == 2
     assert run("status", "-o", "JSON").exit_code == 0  # case-insensitive choice
     assert run("submit", "--preemption-class", "11", "--", "x").exit_code == 2
-    assert all(r["method"] == "GET" for r in fake_api.requests)
+    assert all(r["method"] == "GET" for r in api.requests)
 
 
 # --------------------------------------------------------------------------- cancel, logs
 
 
-def test_cancel_many_with_one_failure(fake_api):
-    fake_api.add_allocation("a1")
-    fake_api.add_allocation("a2", state="Completed")
-    result = run("cancel", "a1", "a2", "a3")
+def test_cancel_many_with_one_failure(api):
+    api.names()
+    a1 = api.running(["nid001", "nid002"]).id
+    a2 = api.ended(AllocationState.COMPLETED, nodes=["nid003"]).id
+    result = run("cancel", a1, a2, "a3")
     assert result.exit_code == 1
-    assert result.stdout.splitlines() == ["Cancelled allocation a1"]
-    assert "Error: allocation a2 is already Completed" in result.stderr
+    assert result.stdout.splitlines() == [f"Cancelled allocation {a1}"]
+    assert f"Error: allocation {a2} already ended (Completed)" in result.stderr
     assert "Error: allocation a3 not found" in result.stderr
-    assert fake_api.allocations["a1"]["state"] == "Cancelled"
-    assert run("cancel", "a1").exit_code == 1
-    fake_api.add_allocation("a4")
-    assert run("cancel", "a4").exit_code == 0
+    assert api.quorum.state.allocations[a1].state == AllocationState.CANCELLED
+    assert run("cancel", a1).exit_code == 1
+    a4 = api.pending().id
+    assert run("cancel", a4).exit_code == 0
 
 
-def test_logs(fake_api):
-    fake_api.add_allocation("a1", assigned_nodes=["n1"], spec={"nodes": 1})
-    fake_api.logs = [
-        {
-            "allocation_id": "a1",
-            "node_id": "n1",
-            "stream": "stdout",
-            "line": "Epoch 1/100",
-            "timestamp": 1772704812.0,
-        },
-        {
-            "allocation_id": "a1",
-            "node_id": "n1",
-            "stream": "stderr",
-            "line": "warn",
-            "timestamp": 1772704813.0,
-        },
-    ]
-    result = run("logs", "a1")
+def test_logs(api):
+    api.names()
+    a1 = api.running(["n1"]).id
+    api.logs.add(a1, "Epoch 1/100", node_id="n1", timestamp=1772704812.0)
+    api.logs.add(a1, "warn", stream="stderr", node_id="n1", timestamp=1772704813.0)
+    result = run("logs", a1)
     assert result.exit_code == 0
     assert result.stdout == "[2026-03-05T10:00:12Z] Epoch 1/100\n"
     assert result.stderr == "[2026-03-05T10:00:13Z] warn\n"
-    run("logs", "a1", "--tail", "1", "--stderr")
-    assert fake_api.last()["query"] == {"tail": "1", "stream": "stderr"}
-    followed = run("logs", "a1", "-f", "--no-timestamps")
+    run("logs", a1, "--tail", "1", "--stderr")
+    assert api.last()["query"] == {"tail": "1", "stream": "stderr"}
+    followed = run("logs", a1, "-f", "--no-timestamps")
     assert followed.exit_code == 0
     assert followed.stdout == "Epoch 1/100\n"
-    assert fake_api.last()["path"] == "/api/v1/allocations/a1/logs/stream"
-    as_json = run("logs", "a1", "-o", "json").stdout.splitlines()
+    assert api.last()["path"] == f"/api/v1/allocations/{a1}/logs/stream"
+    as_json = run("logs", a1, "-o", "json").stdout.splitlines()
     assert [json.loads(x)["line"] for x in as_json] == ["Epoch 1/100", "warn"]
     assert run("logs", "missing").exit_code == 1
 
 
-# --------------------------------------------------------------------------- nodes, admin
+# --------------------------------------------------------------------------- endpoint, config
 
 
-def test_nodes_and_node_actions(fake_api):
-    fake_api.nodes["x1000c0s0b0n0"] = {
-        "id": "x1000c0s0b0n0",
-        "state": "Ready",
-        "capabilities": {"gpu_type": "GH200", "gpu_count": 4},
-        "group": 3,
-        "conformance_group": "a1b2c3",
-        "owner_vcluster": "hpc-batch",
-        "owner_tenant": "physics",
-    }
-    table = run("nodes").stdout.splitlines()
-    assert table[0].split() == [
-        "NODE",
-        "STATE",
-        "GPUS",
-        "VCLUSTER",
-        "TENANT",
-        "GROUP",
-        "CONFORMANCE",
-    ]
-    assert table[1].split() == [
-        "x1000c0s0b0n0",
-        "Ready",
-        "4×GH200",
-        "hpc-batch",
-        "physics",
-        "3",
-        "a1b2c3",
-    ]
-    run("nodes", "--state", "ready")
-    assert fake_api.last()["query"] == {"state": "ready"}
-    assert "4×GH200" in run("nodes", "x1000c0s0b0n0").stdout
-    drained = run("node", "drain", "x1000c0s0b0n0", "--reason", "maintenance")
-    assert drained.stdout.strip() == "Node x1000c0s0b0n0 is now Draining"
-    assert fake_api.last()["json"] == {"reason": "maintenance"}
-    refused = run("node", "disable", "x1000c0s0b0n0", input="n\n")
-    assert refused.exit_code == 1
-    assert fake_api.last()["path"].endswith("/drain")
-    assert run("node", "disable", "x1000c0s0b0n0", "--yes").exit_code == 0
-    assert fake_api.nodes["x1000c0s0b0n0"]["disabled"] is True
-    assert run("node", "undrain", "nope").exit_code == 1
-
-
-def test_admin_commands(fake_api):
-    created = run("admin", "tenant", "create", "--name", "physics", "--max-nodes", "200")
-    assert created.exit_code == 0 and "Created tenant physics" in created.stdout
-    assert fake_api.last("POST")["json"] == {"name": "physics", "max_nodes": 200}
-    run("admin", "tenant", "update", "physics", "--max-nodes", "250", "--fair-share-target", "0.3")
-    assert fake_api.last("PATCH")["json"] == {"max_nodes": 250, "fair_share_target": 0.3}
-    run("admin", "tenant", "set-quota", "--name", "physics", "--max-concurrent-allocations", "9")
-    assert fake_api.last("PATCH")["json"] == {"max_concurrent_allocations": 9}
-    assert run("admin", "tenant", "update", "physics").exit_code == 2
-    tenants = run("admin", "tenant", "list").stdout.splitlines()
-    assert tenants[1].split()[:3] == ["physics", "250", "9"]
-    dup = run("admin", "tenant", "create", "--name", "physics")
-    assert dup.exit_code == 1 and "already exists" in dup.stderr
-
-    vc = run(
-        "admin",
-        "vcluster",
-        "create",
-        "--name",
-        "hpc-batch",
-        "--scheduler",
-        "hpc-backfill",
-        "--tenant",
-        "physics",
-    )
-    assert vc.exit_code == 0
-    assert fake_api.last("POST")["json"] == {
-        "name": "hpc-batch",
-        "scheduler_type": "hpc-backfill",
-        "tenant": "physics",
-    }
-    assert run("admin", "vcluster", "create", "--name", "x", "--scheduler", "magic").exit_code == 2
-    assert run("admin", "vcluster", "list").stdout.splitlines()[1].split()[:3] == [
-        "hpc-batch",
-        "hpc-backfill",
-        "physics",
-    ]
-    run(
-        "admin",
-        "vcluster",
-        "set-weights",
-        "--name",
-        "hpc-batch",
-        "--weight",
-        "priority=0.3",
-        "--weight",
-        "energy=0.1",
-    )
-    assert fake_api.last("PATCH")["json"] == {"weights": {"priority": 0.3, "energy": 0.1}}
-    assert (
-        run(
-            "admin", "vcluster", "set-weights", "--name", "hpc-batch", "--weight", "luck=1"
-        ).exit_code
-        == 2
-    )
-
-    raft = run("admin", "raft", "status")
-    assert raft.exit_code == 0 and "Commit index" in raft.stdout
-    assert json.loads(run("admin", "raft", "status", "-o", "json").stdout)["term"] == 2
-
-
-def test_endpoint_flag_beats_env(fake_api, monkeypatch):
+def test_endpoint_flag_beats_env(api, monkeypatch):
     monkeypatch.setenv("LATTICE_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
     assert run("status").exit_code == 1
-    assert run("--endpoint", fake_api.url, "status").exit_code == 0
+    assert run("--endpoint", api.rest_url, "status").exit_code == 0
 
 
-def test_config_file_and_token(fake_api, clean_env, monkeypatch):
+def test_config_file_and_token(api, clean_env, monkeypatch):
     config = clean_env / "cfg.yaml"
-    config.write_text(f"endpoint: {fake_api.url}\ntenant: physics\ntoken: s3cret\n")
+    config.write_text(f"endpoint: {api.rest_url}\ntenant: physics\ntoken: s3cret\n")
     monkeypatch.delenv("LATTICE_ENDPOINT")
     result = run("--config", str(config), "status")
     assert result.exit_code == 0, result.stderr
-    headers = fake_api.last()["headers"]
+    headers = api.last()["headers"]
     assert headers["Authorization"] == "Bearer s3cret"
     assert headers["x-lattice-tenant"] == "physics"
     monkeypatch.setenv("LATTICE_CONFIG", str(config))
     assert run("--tenant", "other", "status").exit_code == 0
-    assert fake_api.last()["headers"]["x-lattice-tenant"] == "other"
+    assert api.last()["headers"]["x-lattice-tenant"] == "other"
 
 
 def test_bad_config_is_a_clean_error(clean_env):

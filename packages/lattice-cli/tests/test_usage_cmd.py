@@ -1,23 +1,21 @@
-"""``lattice usage`` against a small fake REST API, its rendering, and its lazy
-registration. The real command against a real cluster is in lattice-api's
-``tests/test_usage.py`` (``cluster`` mark)."""
+"""``lattice usage`` against the real REST API (over a LocalQuorum, in a thread: the
+``api`` fixture) seeded with real work, its rendering, and its lazy registration. The
+real command against a real cluster is in lattice-api's ``tests/test_usage.py``
+(``cluster`` mark)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
-from aiohttp import web
 from lattice_cli import main as cli_main
 from lattice_cli.commands.usage import hours, percent, tenant_text, user_text
+from lattice_quorum import queries
 from typer.testing import CliRunner
 
 cli_main.load_commands(["usage"])  # main() does this for `lattice usage`; tests call `app`
@@ -95,71 +93,36 @@ def user_body(user: str, tenant: str, days: float) -> dict[str, Any]:
     }
 
 
-class UsageApi:
-    """The two usage routes of the REST contract, in a thread (the CLI runs its own loop)."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, dict[str, str], dict[str, str]]] = []
-        self.port = 0
-
-    async def tenant(self, request: web.Request) -> web.Response:
-        self.requests.append((request.path, dict(request.query), dict(request.headers)))
-        name = request.match_info["name"]
-        if name != "physics":
-            return web.json_response(
-                {
-                    "error": {
-                        "code": "not_found",
-                        "message": f'tenant "{name}" not found',
-                        "details": {},
-                        "hint": "List tenants with `lattice admin tenant list`.",
-                    }
-                },
-                status=404,
-            )
-        return web.json_response({**TENANT, "days": int(request.query.get("days", 90))})
-
-    async def user(self, request: web.Request) -> web.Response:
-        q = request.query
-        self.requests.append((request.path, dict(q), dict(request.headers)))
-        who = q.get("user") or request.headers.get("x-lattice-user", "")
-        return web.json_response(user_body(who, q.get("tenant", ""), float(q.get("days", 90))))
-
-    def start(self) -> None:
-        ready = threading.Event()
-        app = web.Application()
-        app.router.add_get("/api/v1/tenants/{name}/usage", self.tenant)
-        app.router.add_get("/api/v1/usage", self.user)
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self.loop = loop
-            runner = web.AppRunner(app)
-            loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            loop.run_until_complete(site.start())
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert ready.wait(10)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+HOUR = 3600.0
 
 
-@pytest.fixture
-def api(clean_env: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[UsageApi]:
-    a = UsageApi()
-    a.start()
-    monkeypatch.setenv("LATTICE_ENDPOINT", f"http://127.0.0.1:{a.port}")
-    yield a
-    a.stop()
+def seed_usage(api: Any) -> None:
+    """The numbers of TENANT, by real work: in physics (200 nodes max, fair-share target
+    15%, a 5,000 GPU-hour budget) alice ran 4 four-GPU nodes for 250 h and bob one for
+    234.5 h (1,234.5 node-hours, 4,938 GPU-hours: 98.76% of the budget); alice has two
+    allocations running on 6 CPU nodes since just now (they add node-seconds, not GPU-
+    hours, before the CLI asks: the 2-decimal figures hold for 3 s); carol's 2,880.5
+    node-hours in chem make physics' share of all node-hours 30%."""
+    api.add_tenant("physics", max_nodes=200, fair_share_target=0.15, gpu_hours_budget=5000.0)
+    api.names(["chem"], ["gpu-batch"])
+    gpus = [f"g{i}" for i in range(1, 7)]
+    api.nodes(*gpus, capabilities={"gpu_type": "GH200", "gpu_count": 4})
+    api.ended(nodes=gpus[:4], ran=250 * HOUR, ago=10 * HOUR)
+    api.ended(nodes=gpus[4:5], ran=234.5 * HOUR, ago=5.5 * HOUR, user="bob")
+    api.ended(nodes=[f"c{i}" for i in range(10)], ran=288.05 * HOUR, user="carol", tenant="chem")
+    api.running(["r1", "r2", "r3"], ran=0.0)
+    api.running(["r4", "r5", "r6"], ran=0.0)
+
+
+def served_tenant_usage(api: Any, printed: dict[str, Any]) -> dict[str, Any]:
+    """What the server computed for the answer ``printed`` came from (its ``until``)."""
+    return api.quorum.read(
+        queries.tenant_usage,
+        printed["tenant"],
+        window_days=printed["days"],
+        period_days=printed["budget_period_days"],
+        now=printed["until"],
+    )
 
 
 def run(*args: str):
@@ -169,23 +132,26 @@ def run(*args: str):
 # --------------------------------------------------------------------------- commands
 
 
-def test_own_usage_by_default(api: UsageApi) -> None:
+def test_own_usage_by_default(api: Any) -> None:
+    seed_usage(api)
     result = run("usage")
     assert result.exit_code == 0, result.stderr
-    path, query, headers = api.requests[-1]
-    assert path == "/api/v1/usage" and query == {}  # the server's defaults: caller, period
-    assert headers["x-lattice-user"] == "alice"
+    request = api.last()
+    assert request["path"] == "/api/v1/usage" and request["query"] == {}  # caller, period
+    assert request["headers"]["x-lattice-user"] == "alice"
     out = result.stdout
     assert "User:" in out and "alice" in out and "Tenant:" in out and "all" in out
-    assert "last 90 days" in out and "10.25" in out
+    assert "last 90 days" in out and "1,000.00" in out
     assert "TENANT" in out and "physics" in out
 
 
-def test_tenant_usage_table(api: UsageApi) -> None:
+def test_tenant_usage_table(api: Any) -> None:
+    seed_usage(api)
     result = run("usage", "--tenant", "physics", "--days", "30")
     assert result.exit_code == 0, result.stderr
-    path, query, _ = api.requests[-1]
-    assert path == "/api/v1/tenants/physics/usage" and query == {"days": "30"}
+    request = api.last()
+    assert request["path"] == "/api/v1/tenants/physics/usage"
+    assert request["query"] == {"days": "30"}
     out = result.stdout
     assert "Tenant:" in out and "physics" in out and "last 30 days" in out
     assert "1,234.50" in out and "4,938.00" in out
@@ -196,22 +162,25 @@ def test_tenant_usage_table(api: UsageApi) -> None:
     assert "USER" in out and "bob" in out and "234.50" in out
 
 
-def test_json_and_yaml(api: UsageApi) -> None:
+def test_json_and_yaml(api: Any) -> None:
+    seed_usage(api)
     result = run("usage", "--tenant", "physics", "-o", "json")
     assert result.exit_code == 0
-    assert json.loads(result.stdout) == TENANT
+    printed = json.loads(result.stdout)
+    assert printed == served_tenant_usage(api, printed)  # the server's record, as sent
+    assert printed["gpu_hours"] == TENANT["gpu_hours"]
+    assert printed["node_hours"] == pytest.approx(TENANT["node_hours"], abs=0.005)
     result = run("-o", "yaml", "usage", "--user", "bob", "--tenant", "physics", "--days", "7")
     assert result.exit_code == 0
     data = yaml.safe_load(result.stdout)
     assert (data["user"], data["tenant"], data["days"]) == ("bob", "physics", 7.0)
-    _, query, _ = api.requests[-1]
-    assert query == {"user": "bob", "tenant": "physics", "days": "7"}
+    assert api.last()["query"] == {"user": "bob", "tenant": "physics", "days": "7"}
     # -o wide from the root flag means the table here
     result = run("-o", "wide", "usage")
     assert result.exit_code == 0 and "User:" in result.stdout
 
 
-def test_errors(api: UsageApi) -> None:
+def test_errors(api: Any) -> None:
     for days in ("0", "3651", "-5"):
         result = run("usage", "--days", days)
         assert result.exit_code == 2

@@ -1328,6 +1328,23 @@ def test_task_group_is_idempotent_and_validated() -> None:
     rejected(s, c.SubmitTaskGroup(spec=b.spec(), start=5, end=1), "invalid_argument")
 
 
+def test_request_id_of_one_kind_of_submission_is_refused_for_the_other() -> None:
+    """A retried submission is recognised by its request_id; the same id sent with the
+    other kind of submission is a client bug, refused with nothing changed (it used to
+    escape apply as a KeyError, or answer with an empty task group)."""
+    s = world()
+    ok(s, c.SubmitTaskGroup(spec=b.spec(request_id="rq-g"), start=0, end=1))
+    submit(s, request_id="rq-a")
+    before = encode(s)
+    err = rejected(s, c.SubmitAllocation(spec=b.spec(request_id="rq-g")), "already_exists")
+    assert "task group" in err["message"]
+    err = rejected(
+        s, c.SubmitTaskGroup(spec=b.spec(request_id="rq-a"), start=0, end=1), "already_exists"
+    )
+    assert "allocation" in err["message"]
+    assert encode(s) == before
+
+
 def test_home_vcluster_may_reclaim_a_borrowed_node_whatever_the_class() -> None:
     s = world(nodes=1, vclusters=("v", "w"))
     s.nodes["n0000"].home_vcluster = "w"

@@ -1,0 +1,47 @@
+"""The replicated data: ``GlobalState`` and ``Changes``.
+
+Kept apart from ``state.apply`` and its handlers so that every handler module can name
+these types without importing the dispatcher that imports the handlers (no import
+cycle). Import them from ``lattice_quorum.state`` as before; both paths name the same
+classes.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from lattice_common.types import Allocation, Node, Tenant, VCluster
+
+
+class GlobalState(msgspec.Struct, kw_only=True):
+    revision: int = 0
+    alloc_seq: int = 0
+    id_salt: int = 0  # set from the first submission's timestamp: ids differ per cluster
+    nodes: dict[str, Node] = msgspec.field(default_factory=dict)
+    allocations: dict[str, Allocation] = msgspec.field(default_factory=dict)
+    tenants: dict[str, Tenant] = msgspec.field(default_factory=dict)
+    vclusters: dict[str, VCluster] = msgspec.field(default_factory=dict)
+    request_ids: dict[str, str] = msgspec.field(
+        default_factory=dict
+    )  # request_id -> alloc/group id
+    task_groups: dict[str, list[str]] = msgspec.field(default_factory=dict)  # group id -> task ids
+    # Index of allocations holding nodes (Staging/Running/Checkpointing), for quotas.
+    active: dict[str, None] = msgspec.field(default_factory=dict)
+    # System-wide hard limit on nodes claimed for sensitive use (None = no limit)
+    sensitive_pool_size: int | None = None
+
+
+class Changes(msgspec.Struct, kw_only=True):
+    """Keys touched by one apply; the shell turns them into watch deltas."""
+
+    allocations: set[str] = msgspec.field(default_factory=set)
+    nodes: set[str] = msgspec.field(default_factory=set)
+    tenants: set[str] = msgspec.field(default_factory=set)
+    vclusters: set[str] = msgspec.field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.allocations or self.nodes or self.tenants or self.vclusters)
+
+
+def allocation_id_for(seq: int, salt: int = 0) -> str:
+    """Short, unique, deterministic id: a bijection of (sequence + salt) on 32 bits."""
+    return f"{((seq + salt) * 0x9E3779B1 + 0x7F4A7C15) & 0xFFFFFFFF:08x}"

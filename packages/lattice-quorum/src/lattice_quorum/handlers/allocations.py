@@ -1,0 +1,246 @@
+"""Command handlers for an allocation's own lifecycle: submission (single and task
+groups, idempotent on ``request_id``), state updates reported by agents, pending
+reasons, cancel and requeue.
+
+Handlers that hand nodes to allocations or take them away (assign, scale, preempt,
+claims) are in ``handlers.assignment``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from lattice_common import commands as c
+from lattice_common.errors import (
+    AlreadyExists,
+    InvalidTransition,
+    NotFound,
+    StaleRevision,
+    ValidationError,
+)
+from lattice_common.state_machine import check_transition
+from lattice_common.types import (
+    HOLDING_STATES,
+    NEVER_PREEMPTED_CLASS,
+    Allocation,
+    AllocationSpec,
+    AllocationState,
+    RequeuePolicy,
+    SchedulerType,
+)
+
+from lattice_quorum.global_state import Changes, GlobalState, allocation_id_for
+from lattice_quorum.handlers.common import (
+    bump,
+    find_alloc,
+    finish,
+    release_nodes,
+    requeue,
+    touch_alloc,
+)
+
+
+def submit_allocation(state: GlobalState, cmd: c.SubmitAllocation, ch: Changes) -> c.CommandResult:
+    spec = cmd.spec
+    if spec.request_id and spec.request_id in state.request_ids:
+        known = state.request_ids[spec.request_id]
+        if known in state.task_groups:
+            raise _reused(spec.request_id, "task group", known)
+        return c.CommandResult(revision=state.revision, allocation=state.allocations[known])
+    _check_names(state, spec.tenant, spec.vcluster)
+    spec = _admitted(state, spec)
+    bump(state)
+    a = Allocation(id=_next_id(state, cmd.now), spec=spec, submitted_at=cmd.now)
+    state.allocations[a.id] = a
+    if spec.request_id:
+        state.request_ids[spec.request_id] = a.id
+    touch_alloc(state, a, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def _reused(request_id: str, kind: str, known: str) -> AlreadyExists:
+    return AlreadyExists(
+        f'request_id "{request_id}" was already used to submit {kind} {known}',
+        hint="Use a new request_id for a new submission; resend the same request only to retry it.",
+    )
+
+
+def _admitted(state: GlobalState, spec: AllocationSpec) -> AllocationSpec:
+    """Sensitive work runs at the highest class, whatever was asked ("Priority is fixed
+    at the highest level"): it is never preempted."""
+    v = state.vclusters.get(spec.vcluster)
+    if v is not None and v.scheduler_type == SchedulerType.SENSITIVE_RESERVATION:
+        return msgspec.structs.replace(spec, preemption_class=NEVER_PREEMPTED_CLASS)
+    return spec
+
+
+MAX_TASKS_PER_GROUP = 10_000
+
+
+def _next_id(state: GlobalState, now: float) -> str:
+    if state.alloc_seq == 0 and not state.id_salt:
+        state.id_salt = int(now * 1_000_003) & 0xFFFFFFFF
+    state.alloc_seq += 1
+    alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
+    while alloc_id in state.allocations or alloc_id in state.task_groups:
+        state.alloc_seq += 1
+        alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
+    return alloc_id
+
+
+def submit_task_group(state: GlobalState, cmd: c.SubmitTaskGroup, ch: Changes) -> c.CommandResult:
+    spec = cmd.spec
+    if spec.request_id and spec.request_id in state.request_ids:
+        gid = state.request_ids[spec.request_id]
+        if gid not in state.task_groups:
+            raise _reused(spec.request_id, "allocation", gid)
+        members = [state.allocations[i] for i in state.task_groups[gid]]
+        return c.CommandResult(revision=state.revision, task_group_id=gid, allocations=members)
+    _check_names(state, spec.tenant, spec.vcluster)
+    spec = _admitted(state, spec)
+    step = cmd.step or 1
+    indexes = range(cmd.start, cmd.end + 1, step)
+    if (
+        cmd.start < 0
+        or step < 1
+        or not 1 <= len(indexes) <= MAX_TASKS_PER_GROUP
+        or cmd.concurrency < 0
+    ):
+        raise ValidationError(
+            f"invalid task group range {cmd.start}-{cmd.end} (step {step}, concurrency {cmd.concurrency})",
+            hint=f"Use START-END[%CONCURRENCY] with 0 <= START <= END and at most {MAX_TASKS_PER_GROUP} tasks.",
+        )
+    bump(state)
+    gid = _next_id(state, cmd.now)
+    members: list[Allocation] = []
+    base_name = spec.name or spec.entrypoint.split()[0].rsplit("/", 1)[-1]
+    for i in indexes:
+        task_spec = msgspec.structs.replace(
+            spec,
+            entrypoint=spec.entrypoint.replace("${INDEX}", str(i)),
+            env={
+                **spec.env,
+                "LATTICE_TASK_INDEX": str(i),
+                "LATTICE_TASK_GROUP_ID": gid,
+                "SLURM_ARRAY_TASK_ID": str(i),
+                "SLURM_ARRAY_JOB_ID": gid,
+            },
+            name=f"{base_name}[{i}]",
+            request_id="",
+        )
+        a = Allocation(
+            id=_next_id(state, cmd.now),
+            spec=task_spec,
+            submitted_at=cmd.now,
+            task_group_id=gid,
+            task_index=i,
+            task_group_concurrency=cmd.concurrency,
+        )
+        state.allocations[a.id] = a
+        members.append(a)
+        touch_alloc(state, a, ch)
+    state.task_groups[gid] = [a.id for a in members]
+    if spec.request_id:
+        state.request_ids[spec.request_id] = gid
+    return c.CommandResult(revision=state.revision, task_group_id=gid, allocations=members)
+
+
+def _check_names(state: GlobalState, tenant: str, vcluster: str) -> None:
+    if tenant not in state.tenants:
+        raise NotFound(
+            f'unknown tenant "{tenant}"',
+            details={"available": ", ".join(sorted(state.tenants)) or "(none)"},
+            hint="Pick one of the available tenants with --tenant.",
+        )
+    if vcluster not in state.vclusters:
+        raise NotFound(
+            f'unknown vCluster "{vcluster}"',
+            details={"available": ", ".join(sorted(state.vclusters)) or "(none)"},
+            hint="Pick one of the available vClusters with --vcluster.",
+        )
+
+
+def update_allocation_state(
+    state: GlobalState, cmd: c.UpdateAllocationState, ch: Changes
+) -> c.CommandResult:
+    a = find_alloc(state, cmd.allocation_id)
+    if a.state == cmd.state:
+        return c.CommandResult(revision=state.revision, allocation=a)
+    if cmd.state in (AllocationState.COMPLETED, AllocationState.FAILED, AllocationState.CANCELLED):
+        if (
+            cmd.state == AllocationState.FAILED
+            and a.state in HOLDING_STATES
+            and a.spec.requeue_policy == RequeuePolicy.ALWAYS
+            and a.requeue_count < a.spec.max_requeue
+        ):
+            requeue(state, a, cmd.reason or "failed", ch)
+        else:
+            finish(state, a, cmd.state, cmd.now, cmd.reason, cmd.exit_code, ch, cmd.finished_at)
+            if cmd.started_at is not None:  # when the process really started
+                a.started_at = cmd.started_at
+        return c.CommandResult(revision=state.revision, allocation=a)
+    if a.state == AllocationState.PENDING and cmd.state in HOLDING_STATES:
+        raise InvalidTransition(
+            f"allocation {a.id} is Pending; only a node assignment can start it",
+            details={"allocation": a.id, "from": a.state.value, "to": cmd.state.value},
+            hint="The scheduler starts pending allocations by assigning nodes.",
+        )
+    check_transition(a.id, a.state, cmd.state)
+    bump(state)
+    a.state = cmd.state
+    a.reason = cmd.reason
+    if cmd.started_at is not None:
+        a.started_at = cmd.started_at
+    if cmd.state not in HOLDING_STATES:  # Pending (requeue) or Suspended: nodes go back
+        release_nodes(state, a, ch)
+        a.assigned_nodes = []
+    touch_alloc(state, a, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def set_pending_reasons(
+    state: GlobalState, cmd: c.SetPendingReasons, ch: Changes
+) -> c.CommandResult:
+    changed = [
+        a
+        for aid, reason in sorted(cmd.reasons.items())
+        if (a := state.allocations.get(aid)) is not None
+        and a.state == AllocationState.PENDING
+        and a.pending_reason != reason[:200]
+    ]
+    if not changed:
+        return c.CommandResult(revision=state.revision)
+    bump(state)
+    for a in changed:
+        a.pending_reason = cmd.reasons[a.id][:200]
+        touch_alloc(state, a, ch)
+    return c.CommandResult(revision=state.revision)
+
+
+def cancel_allocation(state: GlobalState, cmd: c.CancelAllocation, ch: Changes) -> c.CommandResult:
+    a = find_alloc(state, cmd.allocation_id)
+    if a.terminal:
+        raise InvalidTransition(
+            f"allocation {a.id} already ended ({a.state.value})",
+            details={"allocation": a.id, "state": a.state.value},
+            hint="Nothing to cancel.",
+        )
+    finish(state, a, AllocationState.CANCELLED, cmd.now, cmd.reason, None, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def requeue_allocation(
+    state: GlobalState, cmd: c.RequeueAllocation, ch: Changes
+) -> c.CommandResult:
+    a = find_alloc(state, cmd.allocation_id)
+    if cmd.expected_requeue_count is not None and a.requeue_count != cmd.expected_requeue_count:
+        raise StaleRevision(
+            f"allocation {a.id} was already requeued",
+            details={"expected": cmd.expected_requeue_count, "current": a.requeue_count},
+        )
+    if cmd.preempted:  # preemption is not the job's fault: no requeue limit
+        requeue(state, a, cmd.reason, ch, preempted=True)
+    elif a.requeue_count >= a.spec.max_requeue:
+        finish(state, a, AllocationState.FAILED, cmd.now, cmd.reason, None, ch)
+    else:
+        requeue(state, a, cmd.reason, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
