@@ -178,7 +178,16 @@ def test_status_table(api):
     result = run("status")
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["ID", "NAME", "STATE", "NODES", "WALLTIME", "ELAPSED", "VCLUSTER"]
+    assert lines[0].split() == [
+        "ID",
+        "NAME",
+        "STATE",
+        "NODES",
+        "WALLTIME",
+        "ELAPSED",
+        "START_TIME",
+        "VCLUSTER",
+    ]
     assert lines[1].split()[:5] == [running.id, "train.sh", "Running", "2", "24:00:00"]
     assert lines[2].split()[:3] == [pending.id, "eval", "Pending"]
     assert lines[2].split()[5] == "—"

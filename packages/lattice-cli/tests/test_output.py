@@ -8,6 +8,7 @@ from lattice_cli.output import (
     allocation_detail,
     allocation_row,
     allocation_table,
+    clock_time,
     compress_nodelist,
     format_hms,
     format_log_line,
@@ -61,6 +62,7 @@ def test_table_matches_getting_started_example():
         "4",
         "24:00:00",
         "00:12:34",
+        clock_time(NOW - (12 * 60 + 34), NOW),  # START_TIME: when it started, local time
         "gpu-batch",
     ]
     # columns line up: every cell starts where its header starts
@@ -73,7 +75,19 @@ def test_pending_has_em_dashes_and_hours_over_24():
     row = allocation_row(pending, NOW)
     assert row[4] == DASH  # no walltime
     assert row[5] == DASH  # not started
-    assert row[6] == DASH  # no vCluster
+    assert row[6] == DASH  # no estimate yet
+    assert row[7] == DASH  # no vCluster
+
+
+def test_a_pending_allocations_start_time_is_marked_as_an_estimate():
+    later = alloc(
+        state="Pending", started_at=None, estimated_start=NOW + 3600, estimate_basis="simulation"
+    )
+    assert allocation_row(later, NOW)[6] == "~" + clock_time(NOW + 3600, NOW)
+    now = alloc(state="Pending", started_at=None, estimated_start=NOW, estimate_basis="now")
+    assert allocation_row(now, NOW)[6] == "~now"
+    detail = allocation_detail(later, NOW)
+    assert "Estimated start:" in detail and "in 01:00:00; estimate: simulation" in detail
     long = alloc(spec={"walltime_seconds": 72 * 3600, "nodes": 64})
     assert allocation_row(long, NOW)[4] == "72:00:00"
 

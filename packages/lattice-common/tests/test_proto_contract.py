@@ -28,6 +28,7 @@ WIRE: dict[type[msgspec.Struct], type[betterproto2.Message]] = {
     types.Constraints: v1.AllocationSpecConstraints,
     types.AllocationSpec: v1.AllocationSpec,
     types.Allocation: v1.Allocation,
+    types.StartEstimate: v1.StartEstimate,
     types.GpuDevice: v1.GpuDevice,
     types.GpuLink: v1.GpuLink,
     types.MemoryDomain: v1.MemoryDomain,
@@ -84,6 +85,7 @@ def _spec() -> types.AllocationSpec:
         tags={"experiment": "run-42"},
         request_id="req-1",
         min_nodes=2,
+        wait_for_capacity=True,
     )
 
 
@@ -106,6 +108,8 @@ def _allocation() -> types.Allocation:
         task_index=7,
         task_group_concurrency=20,
         pending_reason="waiting for quota headroom",
+        estimated_start=1_700_000_900.25,
+        estimate_basis=types.ESTIMATE_SIMULATION,
         checkpoint_hint_at=1700000060.5,
         revision=2**40 + 7,  # beyond 32 bits on purpose
     )
@@ -259,6 +263,14 @@ SAMPLES: dict[type[msgspec.Struct], typing.Callable[[], msgspec.Struct]] = {
     types.NodeCapabilities: _capabilities,
     types.Node: _node,
     types.Tenant: _tenant,
+    types.StartEstimate: lambda: types.StartEstimate(
+        estimated_start=1_700_000_600.5,
+        estimate_basis=types.ESTIMATE_RESERVATION,
+        nodes=2,
+        node_ids=["n1", "n2"],
+        position=3,
+        pending_reason="all suitable nodes occupied",
+    ),
     types.CostWeights: _weights,
     types.VCluster: _vcluster,
     types.AllocationReport: _report,

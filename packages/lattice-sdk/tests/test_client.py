@@ -180,6 +180,7 @@ async def test_submit_sends_spec_and_keeps_request_id(api, client_for, monkeypat
         vcluster="gpu-batch",
         constraints={"gpu_type": "GH200", "gpu_count": 4, "features": []},
         env={"OMP_NUM_THREADS": "8"},
+        wait_for_capacity=True,  # more nodes than the test cluster has: wait for them
     )
     async with client_for() as client:
         alloc = await client.submit(spec)
@@ -196,6 +197,7 @@ async def test_submit_sends_spec_and_keeps_request_id(api, client_for, monkeypat
     assert body["nodes"] == 64
     assert body["constraints"] == {"gpu_type": "GH200", "gpu_count": 4}
     assert body["env"] == {"OMP_NUM_THREADS": "8"}
+    assert body["wait_for_capacity"] is True
     assert "requeue_policy" not in body  # the server's default applies
     assert alloc.spec.raw["requeue_policy"] == "on_node_failure"
     assert api.requests[0]["headers"]["Content-Type"].startswith("application/json")

@@ -12,6 +12,7 @@ from lattice_api.node_monitor import NodeMonitor
 from lattice_api.ops.admin import AdminOps
 from lattice_api.ops.allocations import AllocationOps, LogSource
 from lattice_api.ops.nodes import NodeOps
+from lattice_api.ops.queue import QueueOps
 from lattice_api.ops.quorum import QuorumOps
 from lattice_api.ops.usage import UsageOps
 from lattice_api.settings import ApiSettings
@@ -30,7 +31,8 @@ class Operations:
     ) -> None:
         settings = settings or ApiSettings()
         self.settings = settings
-        self.allocations = AllocationOps(quorum, logs)
+        self.queue = QueueOps(quorum, budget_period_days=settings.budget_period_days)
+        self.allocations = AllocationOps(quorum, logs, self.queue)
         self.nodes = NodeOps(quorum, monitor, api_addresses=settings.api_addresses)
         self.admin = AdminOps(
             quorum,

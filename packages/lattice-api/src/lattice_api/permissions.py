@@ -94,6 +94,7 @@ RPCS: dict[str, str] = {
     "AdminService.GetVCluster": "vcluster.read",
     "AdminService.UpdateVCluster": "vcluster.admin",
     "AdminService.DeleteVCluster": NOT_BUILT,
+    "AdminService.GetVClusterQueue": "vcluster.read",
     "AdminService.GetRaftStatus": "raft.read",
     "AdminService.CreateBackup": NOT_BUILT,
     "AdminService.VerifyBackup": NOT_BUILT,
@@ -143,6 +144,8 @@ ROUTES: dict[str, str] = {
     "POST /api/v1/vclusters": "vcluster.admin",
     "GET /api/v1/vclusters/{name}": "vcluster.read",
     "PATCH /api/v1/vclusters/{name}": "vcluster.admin",
+    # the caller's own entries; everyone's needs allocation.list_all (lattice_api.access)
+    "GET /api/v1/vclusters/{name}/queue": "vcluster.read",
     "GET /api/v1/raft/status": "raft.read",
 }
 

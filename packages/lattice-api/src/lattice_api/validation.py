@@ -162,11 +162,22 @@ def validate_submission(
         tags=tags,
         request_id=str(body.get("request_id") or "")[:128],
         min_nodes=min_nodes if min_nodes != nodes else 0,
+        wait_for_capacity=_bool(body.get("wait_for_capacity", False), "wait_for_capacity"),
     )
 
 
 INT32_MAX = 2**31 - 1
 MAX_WALLTIME_SECONDS = 366 * 86400
+
+
+def _bool(v: Any, field: str) -> bool:
+    if v is None or isinstance(v, bool):
+        return bool(v)
+    raise ValidationError(
+        f"{field} must be true or false (got {v!r})",
+        details={field: v},
+        hint=f"Give {field} as a JSON boolean, e.g. {field}: true.",
+    )
 
 
 def _int(v: Any, field: str) -> int:

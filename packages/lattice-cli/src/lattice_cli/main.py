@@ -32,6 +32,7 @@ Slurm users: `sbatch` -> `lattice submit`, `squeue` -> `lattice status`,
 COMMANDS: dict[str, str] = {
     "submit": "lattice_cli.commands.submit",
     "status": "lattice_cli.commands.status",
+    "queue": "lattice_cli.commands.queue",
     "cancel": "lattice_cli.commands.cancel",
     "logs": "lattice_cli.commands.logs",
     "nodes": "lattice_cli.commands.nodes",

@@ -30,7 +30,16 @@ ALLOCATION_STATES = (
 )
 NODE_STATES = ("Unknown", "Booting", "Ready", "Degraded", "Down", "Draining", "Drained", "Failed")
 HOLDING_STATES = ("Staging", "Running", "Checkpointing")  # an allocation holds nodes
-ALLOCATION_COLUMNS = ("ID", "NAME", "STATE", "NODES", "WALLTIME", "ELAPSED", "VCLUSTER")
+ALLOCATION_COLUMNS = (
+    "ID",
+    "NAME",
+    "STATE",
+    "NODES",
+    "WALLTIME",
+    "ELAPSED",
+    "START_TIME",
+    "VCLUSTER",
+)
 ALLOCATION_WIDE_COLUMNS = ("TENANT", "PROJECT", "UENV", "GPU_TYPE", "NODELIST", "REASON")
 NODE_COLUMNS = ("NODE", "STATE", "GPUS", "VCLUSTER", "TENANT", "GROUP", "CONFORMANCE")
 NODE_WIDE_COLUMNS = ("HOSTNAME", "CPUS", "MEMORY", "OWNER", "CLAIMED_BY", "REASON")
@@ -89,6 +98,40 @@ def iso_utc(epoch: Any) -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(epoch)))
     except (TypeError, ValueError, OverflowError, OSError):
         return str(epoch)
+
+
+def clock_time(epoch: float, now: float) -> str:
+    """A moment near ``now`` in local time: ``14:32`` today, ``Nov 27 09:00`` otherwise."""
+    t, today = time.localtime(epoch), time.localtime(now)
+    same_day = (t.tm_year, t.tm_yday) == (today.tm_year, today.tm_yday)
+    return time.strftime("%H:%M" if same_day else "%b %d %H:%M", t)
+
+
+def start_cell(alloc: dict[str, Any], now: float) -> str:
+    """START_TIME: when it started, or for a Pending allocation the scheduler's estimate,
+    marked with ``~`` (``~now`` when the current cycle is starting it); em dash when
+    there is neither."""
+    if alloc.get("state") == "Pending":
+        est = alloc.get("estimated_start")
+        if est is None:
+            return DASH
+        if alloc.get("estimate_basis") == "now" or float(est) <= now:
+            return "~now"
+        return "~" + clock_time(float(est), now)
+    started = alloc.get("started_at")
+    return DASH if started is None else clock_time(float(started), now)
+
+
+def estimate_text(alloc: dict[str, Any], now: float) -> str | None:
+    """``lattice status ID``'s estimated start: the time, how far away, and its basis."""
+    est = alloc.get("estimated_start")
+    if alloc.get("state") != "Pending" or est is None:
+        return None
+    basis = alloc.get("estimate_basis") or "estimate"
+    if float(est) <= now or basis == "now":
+        return f"now (estimate: {basis})"
+    wait = format_hms(float(est) - now)
+    return f"{iso_utc(est)} (in {wait}; estimate: {basis})"
 
 
 def _text(value: Any) -> str:
@@ -215,6 +258,7 @@ def allocation_row(alloc: dict[str, Any], now: float, *, wide: bool = False) -> 
         _text(spec.get("nodes")),
         format_hms(walltime_seconds(spec)),
         format_hms(elapsed_seconds(alloc, now)),
+        start_cell(alloc, now),
         _text(spec.get("vcluster")),
     ]
     if wide:
@@ -300,6 +344,73 @@ def allocation_table(
     return render_table(headers, rows, color_column="STATE", color=color)
 
 
+QUEUE_COLUMNS = ("POS", "ID", "USER", "NODES", "SCORE", "START_TIME", "BASIS", "REASON")
+
+
+def queue_table(q: dict[str, Any], now: float, *, verbose: bool = False) -> str:
+    """``lattice queue``: one row per visible entry, a header line with the counts."""
+    entries = q.get("entries") or []
+    head = (
+        f"vCluster {q.get('vcluster')}: {q.get('total', 0)} pending, {len(entries)} shown"
+        " (START_TIME ~ = estimate)"
+    )
+    rows = []
+    for e in entries:
+        a = e.get("allocation") or {}
+        spec = a.get("spec") or {}
+        est = {
+            "state": "Pending",
+            "estimated_start": e.get("estimated_start"),
+            "estimate_basis": e.get("estimate_basis"),
+        }
+        rows.append(
+            [
+                str(e.get("position", "")),
+                _text(a.get("id")),
+                _text(spec.get("user")),
+                _text(spec.get("nodes")),
+                f"{float(e.get('score') or 0.0):.3f}",
+                start_cell(est, now),
+                _text(e.get("estimate_basis")),
+                _text(e.get("pending_reason")),
+            ]
+        )
+        if verbose:
+            b = e.get("breakdown") or {}
+            # the contributions w_i * f_i, keyed c1_priority .. c9_conformance
+            contrib = sorted(k for k in b if k[:1] == "c" and k[1:2].isdigit())
+            parts = [f"{k.split('_', 1)[1]}={b[k]:.3f}" for k in contrib if b[k]]
+            pen = [f"{k}={b[k]:.2f}" for k in ("budget_penalty", "share_penalty") if k in b]
+            rows.append(["", "", "", "", "", "", "", "  " + " ".join(parts + pen)])
+    return head + "\n" + render_table(QUEUE_COLUMNS, rows) if rows else head
+
+
+def test_only_text(est: dict[str, Any], now: float) -> str:
+    """``lattice submit --test-only``: when and on how many nodes (estimated), or that
+    it lies beyond the estimate's horizon, with the reason it would wait."""
+    n = est.get("nodes") or 0
+    where = f"on {n} node{'s' if n != 1 else ''}"
+    if est.get("node_ids"):
+        where += f" ({compress_nodelist(est['node_ids'])})"
+    start = est.get("estimated_start")
+    if start is None:
+        line = "Would not start within the estimate's horizon"
+    elif est.get("estimate_basis") == "now" or float(start) <= now:
+        line = f"Would start now {where}"
+    else:
+        line = (
+            f"Would start at {iso_utc(start)} (in {format_hms(float(start) - now)}) {where}"
+            f" (estimate: {est.get('estimate_basis')})"
+        )
+    extra = []
+    if est.get("position"):
+        extra.append(f"Queue position: {est['position']}")
+    if est.get("pending_reason"):
+        extra.append(f"Pending reason: {est['pending_reason']}")
+    extra.append("Nothing was submitted.")
+    return "\n".join([line, *extra])
+
+
 def key_values(pairs: Sequence[tuple[str, Any]]) -> str:
     width = max((len(k) for k, _ in pairs), default=0) + 1
     return "\n".join(f"{(k + ':').ljust(width)}  {_text(v)}" for k, v in pairs)
@@ -320,6 +431,7 @@ def allocation_detail(alloc: dict[str, Any], now: float) -> str:
                 "Pending reason",
                 alloc.get("pending_reason") if alloc.get("state") == "Pending" else None,
             ),
+            ("Estimated start", estimate_text(alloc, now)),
             ("Exit code", DASH if exit_code is None else exit_code),
             ("Tenant", spec.get("tenant")),
             ("vCluster", spec.get("vcluster")),

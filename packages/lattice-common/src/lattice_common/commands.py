@@ -21,6 +21,7 @@ from lattice_common.types import (
     NodeCapabilities,
     NodeState,
     SchedulerType,
+    StartEstimate,
     Tenant,
     VCluster,
 )
@@ -108,9 +109,11 @@ class UpdateAllocationState(Command, tag="update_allocation_state"):
 
 
 class SetPendingReasons(Command, tag="set_pending_reasons"):
-    """The scheduler's reasons for allocations it could not start (only changes are sent)."""
+    """The scheduler's reasons for allocations it could not start and its start
+    estimates (only changes are sent; an estimate without ``estimated_start`` clears it)."""
 
-    reasons: dict[str, str]
+    reasons: dict[str, str] = msgspec.field(default_factory=dict)
+    estimates: dict[str, StartEstimate] = msgspec.field(default_factory=dict)
 
 
 class CancelAllocation(Command, tag="cancel_allocation"):

@@ -254,6 +254,15 @@ class SchedulingConfig(_Section):
     budget_period_days: int = Field(
         default=90, ge=1, le=3650, description="rolling window of the internal budget ledger"
     )
+    start_estimates: bool = Field(
+        default=True, description="publish estimated start times of pending allocations"
+    )
+    estimate_budget_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="CPU per cycle for simulating queues forward (at most 20% of the interval)",
+    )
     trace_capture: bool = Field(default=False, description="record cycles for RM-Replay")
     trace_path: str = Field(default="", description="where captured traces are written")
     metrics_listen: str = Field(default="0.0.0.0:9102", description="empty = no metrics")

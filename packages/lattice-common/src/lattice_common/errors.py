@@ -95,6 +95,15 @@ class QuotaExceeded(LatticeError):
     grpc_status = 8  # RESOURCE_EXHAUSTED
 
 
+class Unsatisfiable(LatticeError):
+    """A request that can never run as asked on this cluster (more nodes than exist,
+    constraints no node meets); refused at submit, nothing stored."""
+
+    code = "unsatisfiable"
+    http_status = 422
+    grpc_status = 9  # FAILED_PRECONDITION
+
+
 class Unauthenticated(LatticeError):
     code = "unauthenticated"
     http_status = 401
@@ -134,6 +143,7 @@ ERROR_CLASSES: dict[str, type[LatticeError]] = {
         OwnershipConflict,
         StaleRevision,
         QuotaExceeded,
+        Unsatisfiable,
         Unauthenticated,
         PermissionDenied,
         Unavailable,

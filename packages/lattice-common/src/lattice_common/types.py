@@ -138,6 +138,9 @@ class AllocationSpec(msgspec.Struct, kw_only=True):
     tags: dict[str, str] = msgspec.field(default_factory=dict)
     request_id: str = ""  # client idempotency key
     min_nodes: int = 0  # node range {min_nodes, nodes} (services); 0 = exactly `nodes`
+    # accept even when the vCluster cannot offer the nodes or constraints (yet): the
+    # allocation waits for capacity instead of being refused at submit
+    wait_for_capacity: bool = False
 
 
 class Allocation(msgspec.Struct, kw_only=True):
@@ -159,11 +162,30 @@ class Allocation(msgspec.Struct, kw_only=True):
     task_index: int | None = None
     task_group_concurrency: int = 0  # at most this many tasks of the group run at once
     pending_reason: str = ""  # the scheduler's last word on why it is still Pending
+    estimated_start: float | None = None  # the scheduler's estimate (Pending only)
+    estimate_basis: str = ""  # now | reservation | simulation ("" = no estimate)
     revision: int = 0  # GlobalState revision of the last change
 
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+
+ESTIMATE_NOW = "now"  # it is being started this cycle
+ESTIMATE_RESERVATION = "reservation"  # the backfill reservation made for it
+ESTIMATE_SIMULATION = "simulation"  # a forward simulation of the queue
+
+
+class StartEstimate(msgspec.Struct, kw_only=True):
+    """When and where a pending (or test-only) allocation is expected to start.
+    ``estimated_start`` None: not within the estimate's horizon."""
+
+    estimated_start: float | None = None
+    estimate_basis: str = ""
+    nodes: int = 0
+    node_ids: list[str] = msgspec.field(default_factory=list)
+    position: int = 0
+    pending_reason: str = ""
 
 
 class GpuLinkType(enum.StrEnum):

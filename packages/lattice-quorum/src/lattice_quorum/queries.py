@@ -22,6 +22,7 @@ from lattice_common.types import (
     Tenant,
     VCluster,
 )
+from lattice_common.watch import StateMirror
 
 from lattice_quorum.state import GlobalState
 
@@ -139,6 +140,43 @@ def vcluster(s: GlobalState, name: str) -> VCluster | None:
     return None if v is None else _copy(v)
 
 
+# --- scheduling views ------------------------------------------------------------------
+
+
+def admit(s: GlobalState, check: Callable[..., T], spec: Any) -> T:
+    """``check(spec, nodes=, tenants=, vclusters=, allocations=)`` over the live state,
+    without copying it (lattice_scheduler.admission.check: read-only, raises to
+    refuse); ``allocations`` are those holding nodes."""
+    return check(
+        spec,
+        nodes=s.nodes,
+        tenants=s.tenants,
+        vclusters=s.vclusters,
+        allocations=[s.allocations[i] for i in s.active],
+    )
+
+
+def scheduling_view(s: GlobalState, *, history: bool = False) -> StateMirror:
+    """A StateMirror copy of what scheduling decisions read: nodes, tenants, vClusters
+    and the allocations that are Pending or hold nodes; with ``history`` every
+    allocation (the cost function's budget penalty reads past usage)."""
+    m = StateMirror()
+    m.revision = s.revision
+    m.nodes = {k: _copy(n) for k, n in s.nodes.items()}
+    m.tenants = {k: _copy(t) for k, t in s.tenants.items()}
+    m.vclusters = {k: _copy(v) for k, v in s.vclusters.items()}
+    allocs = s.allocations.values()
+    if not history:
+        allocs = (a for a in allocs if a.state == AllocationState.PENDING or a.id in s.active)
+    for a in allocs:
+        m.allocations[a.id] = _copy(a)
+        if a.state == AllocationState.PENDING:
+            m.pending[a.id] = None
+        elif a.state in HOLDING_STATES:
+            m.holding[a.id] = None
+    return m
+
+
 # --- usage (the internal budget ledger over committed records) --------------------------
 
 
@@ -226,6 +264,7 @@ def user_usage(
 
 
 __all__ = [
+    "admit",
     "allocation",
     "allocations_matching",
     "desired_for",
@@ -234,6 +273,7 @@ __all__ = [
     "node_ids",
     "node_state_counts",
     "nodes",
+    "scheduling_view",
     "tenant",
     "tenant_and_vcluster_names",
     "tenant_usage",

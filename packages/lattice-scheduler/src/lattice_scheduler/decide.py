@@ -47,7 +47,7 @@ from lattice_common.types import (
 )
 from lattice_common.watch import StateMirror
 
-from lattice_scheduler import cost, intranode
+from lattice_scheduler import cost, intranode, reasons
 from lattice_scheduler.placement import eligible, limit_task_groups, order_pending, plan_cycle
 from lattice_scheduler.preemption import PreemptionPolicy, non_preemptible, select_victims
 from lattice_scheduler.solver import REASON_OCCUPIED, Pending, Proposal, Reservation, solve
@@ -402,8 +402,8 @@ def _sensitive(
             placed = {p.allocation_id for p in res.proposals}
             todo = [a for a in todo if a.id not in placed]
             last = res.pending
-        reasons = {w.allocation_id: w.reason for w in last}
-        waiting.extend(Pending(a.id, reasons.get(a.id, OCCUPIED)) for a in todo)
+        why = {w.allocation_id: w for w in last}
+        waiting.extend(why.get(a.id) or Pending(a.id, OCCUPIED) for a in todo)
     return proposals, waiting, scores
 
 
@@ -567,11 +567,6 @@ def preempt_for(
     return out
 
 
-OVER_SHARE_NOTE = (
-    "; tenant {tenant} holds at least its fair share, so other tenants' work goes first"
-)
-
-
 def explain_over_share(
     waiting: list[Pending], allocations: Mapping[str, Allocation], over_share: Collection[str]
 ) -> list[Pending]:
@@ -585,7 +580,8 @@ def explain_over_share(
     for w in waiting:
         a = allocations.get(w.allocation_id)
         if w.reason == OCCUPIED and a is not None and a.spec.tenant in over_share:
-            w = Pending(w.allocation_id, OCCUPIED + OVER_SHARE_NOTE.format(tenant=a.spec.tenant))
+            note = reasons.over_share(a.spec.tenant)
+            w = Pending(w.allocation_id, OCCUPIED, f"{w.detail}; {note}" if w.detail else note)
         out.append(w)
     return out
 

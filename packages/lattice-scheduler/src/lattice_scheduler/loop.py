@@ -19,11 +19,11 @@ from lattice_common import commands as c
 from lattice_common import ledger
 from lattice_common.errors import LatticeError
 from lattice_common.rpc import RemoteQuorum
-from lattice_common.types import Allocation, AllocationState
+from lattice_common.types import Allocation, AllocationState, StartEstimate
 from lattice_common.watch import StateMirror
 from prometheus_client import Counter, Gauge, Histogram
 
-from lattice_scheduler import decide
+from lattice_scheduler import decide, estimate
 from lattice_scheduler.preemption import PreemptionPolicy
 from lattice_scheduler.solver import Pending, Proposal
 from lattice_scheduler.topology import TopologyModel
@@ -77,6 +77,13 @@ CHECKPOINT_DURATION = Histogram(
     buckets=(0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1200),
 )
 
+ESTIMATE_DURATION = Histogram(
+    "lattice_scheduling_estimate_duration_seconds",
+    "Time to simulate a vCluster's queue forward for start estimates (between cycles)",
+    ["vcluster"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30),
+)
+
 
 class Scheduler:
     def __init__(
@@ -88,6 +95,8 @@ class Scheduler:
         reconnect_delay: float = 0.5,
         trace: TraceCapture | None = None,
         budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
+        estimates: bool = True,
+        estimate_budget_seconds: float = 1.0,
     ) -> None:
         self.quorum = quorum
         self.vclusters = list(vclusters)
@@ -103,6 +112,13 @@ class Scheduler:
         # allocation id -> revision at which our assignment committed; skipped until the
         # mirror has caught up to it (no double proposals from a stale view)
         self._inflight: dict[str, int] = {}
+        # start estimates beyond the cycle's own: simulated between cycles, dropped when
+        # the next cycle is due (an estimate never delays a decision)
+        self.estimates = estimates
+        self._simulations: list[tuple[str, float, decide.CycleDecision]] = []
+        # CPU the simulations may take per cycle interval (the rest stays idle)
+        self.estimate_budget = min(estimate_budget_seconds, 0.2 * cycle_interval)
+        self._estimating: asyncio.Task[None] | None = None
 
     def poke(self) -> None:
         self._poke.set()
@@ -115,8 +131,12 @@ class Scheduler:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._poke.wait(), self.cycle_interval)
                 self._poke.clear()
+                await self._stop_estimating()
                 await self.cycle()
+                if self._simulations:
+                    self._estimating = asyncio.create_task(self._simulate(), name="estimates")
         finally:
+            await self._stop_estimating()
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -159,6 +179,7 @@ class Scheduler:
         now = time.time()
         topology = TopologyModel.from_nodes(m.nodes) if m.pending else None
         exclude = decide.held_back_ids(m) | set(self._inflight)
+        self._simulations = []
         for vc in self.vclusters:
             t0 = time.perf_counter()
             d = decide.decide_vcluster(
@@ -180,8 +201,13 @@ class Scheduler:
             if proposals:
                 await self._assign(vc, proposals, rev)
             await self._preempt(vc, d.preemptions)
-            await self._publish_reasons(d.waiting)
+            starts = estimate.from_decision(d, now) if self.estimates else {}
+            await self._publish_reasons(d.waiting, starts)
             CYCLE.labels(vc).observe(time.perf_counter() - t0)
+            if self.estimates and d.queue:
+                self._simulations.append(
+                    estimate.Simulation(m, vc, now, d, budget_period_days=self.budget_period_days)
+                )
 
     async def _assign(self, vc: str, proposals: list[Proposal], rev: int) -> None:
         batch = c.Batch(
@@ -241,20 +267,58 @@ class Scheduler:
                 PREEMPTIONS.labels(vc, p.reason).inc()
                 log.info("preempting %s for %s (%s)", p.victim, p.preemptor, p.reason)
 
-    async def _publish_reasons(self, waiting: list[Pending]) -> None:
-        """Tell users why their allocations wait; only changed reasons go to the quorum."""
+    async def _publish_reasons(
+        self, waiting: list[Pending], estimates: dict[str, StartEstimate] | None = None
+    ) -> None:
+        """Tell users why their allocations wait and when they should start; only what
+        changed goes to the quorum."""
         allocs = self.mirror.allocations
-        changed = {
-            w.allocation_id: w.reason
+        reasons = {
+            w.allocation_id: text
             for w in waiting
-            if w.allocation_id in allocs and allocs[w.allocation_id].pending_reason != w.reason
+            if w.allocation_id in allocs
+            and allocs[w.allocation_id].pending_reason != (text := w.text)
         }
-        if not changed:
+        starts = estimate.changed(estimates or {}, allocs)
+        if not reasons and not starts:
             return
         try:
-            await self.quorum.propose(c.SetPendingReasons(reasons=changed, now=time.time()))
+            await self.quorum.propose(
+                c.SetPendingReasons(reasons=reasons, estimates=starts, now=time.time())
+            )
         except LatticeError as e:
             log.info("could not publish pending reasons: %s", e.message)
+
+    async def _simulate(self) -> None:
+        """Between cycles: simulate each vCluster's queue forward from the cycle's
+        decision, one decision at a time, yielding to the event loop after each so that
+        a poke starts the next cycle (which drops this work) without waiting for it,
+        within ``estimate_budget`` seconds in all; then publish what it found.
+        Allocations that a finished simulation could not place within its horizon lose
+        their estimate."""
+        deadline = time.perf_counter() + self.estimate_budget
+        for vc, now, d in self._simulations:
+            t0 = time.perf_counter()
+            sim = estimate.Simulation(
+                self.mirror, vc, now, d, budget_period_days=self.budget_period_days
+            )
+            while not sim.done and time.perf_counter() < deadline:
+                await asyncio.sleep(0)
+                if self._poke.is_set():
+                    return
+                sim.step()
+            ESTIMATE_DURATION.labels(vc).observe(time.perf_counter() - t0)
+            cleared = {aid: StartEstimate() for aid in sim.unreachable()}
+            await self._publish_reasons([], {**sim.estimates, **cleared})
+            if time.perf_counter() >= deadline:
+                return
+
+    async def _stop_estimating(self) -> None:
+        task, self._estimating = self._estimating, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def _observe_preemptions(self, changed: list[Allocation]) -> None:
         """Victims of this scheduler's vClusters coming back: requeued after their

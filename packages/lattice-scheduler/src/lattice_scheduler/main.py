@@ -76,6 +76,8 @@ def build_scheduler(args: argparse.Namespace) -> Scheduler:
         cycle_interval=interval,
         trace=trace,
         budget_period_days=cfg.scheduling.budget_period_days,
+        estimates=cfg.scheduling.start_estimates,
+        estimate_budget_seconds=cfg.scheduling.estimate_budget_seconds,
     )
 
 

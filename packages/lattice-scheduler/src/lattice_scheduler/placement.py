@@ -22,6 +22,7 @@ from lattice_common.types import (
     Tenant,
 )
 
+from lattice_scheduler import reasons
 from lattice_scheduler.filters import node_satisfies
 from lattice_scheduler.solver import (
     REASON_NO_MATCH,
@@ -122,8 +123,10 @@ def plan_cycle(
                 and n.home_vcluster in ("", vcluster)
                 and node_satisfies(n, a.spec)
             )
-        reason = REASON_OCCUPIED if usable >= a.spec.nodes else REASON_NO_MATCH
-        return Pending(a.id, reason)
+        if usable >= a.spec.nodes:
+            return Pending(a.id, REASON_OCCUPIED)
+        detail = reasons.too_few_nodes(a.spec.nodes, vcluster, usable, 0)
+        return Pending(a.id, REASON_NO_MATCH, detail)
 
     free = [n for n in nodes.values() if eligible(n, vcluster)]
     if not free:  # nothing can start this cycle
@@ -143,17 +146,12 @@ def plan_cycle(
     taken: set[str] = set()
     for a in pending:
         if a.task_group_concurrency and group_running[a.task_group_id] >= a.task_group_concurrency:
-            waiting.append(Pending(a.id, "task group concurrency limit"))
+            waiting.append(Pending(a.id, reasons.TASK_GROUP_LIMIT))
             continue
         t = tenants.get(a.spec.tenant)
-        if t is not None and (
-            (t.max_nodes is not None and used_nodes[t.name] + a.spec.nodes > t.max_nodes)
-            or (
-                t.max_concurrent_allocations is not None
-                and used_allocs[t.name] + 1 > t.max_concurrent_allocations
-            )
-        ):
-            waiting.append(Pending(a.id, REASON_QUOTA))
+        quota = reasons.quota(t, used_nodes[t.name], used_allocs[t.name], a.spec.nodes) if t else ""
+        if quota:
+            waiting.append(Pending(a.id, REASON_QUOTA, quota))
             continue
         matching = [n for n in free if n.id not in taken and node_satisfies(n, a.spec)]
         chosen = pick_nodes(matching, a.spec.nodes)
@@ -183,7 +181,7 @@ def limit_task_groups(
     for a in sorted(pending, key=lambda a: (a.task_group_id, a.task_index or 0, a.id)):
         if a.task_group_id and a.task_group_concurrency:
             if running[a.task_group_id] >= a.task_group_concurrency:
-                held.append(Pending(a.id, "task group concurrency limit"))
+                held.append(Pending(a.id, reasons.TASK_GROUP_LIMIT))
                 continue
             running[a.task_group_id] += 1
         free_to_start.append(a)

@@ -71,6 +71,7 @@ from lattice_common.types import (
     Tenant,
 )
 
+from lattice_scheduler import reasons
 from lattice_scheduler.filters import (
     FLAG_PREFER_LOCAL_MEMORY,
     FLAG_PREFER_SAME_NUMA,
@@ -88,11 +89,11 @@ from lattice_scheduler.topology import (
 
 INF = math.inf
 
-REASON_QUOTA = "waiting for quota headroom"
-REASON_NO_MATCH = "no nodes matching constraints"
-REASON_OCCUPIED = "all suitable nodes occupied"
-REASON_CONFORMANCE = "insufficient conformance group"
-REASON_POWER = "waiting for power budget headroom"
+REASON_QUOTA = reasons.QUOTA
+REASON_NO_MATCH = reasons.NO_MATCH
+REASON_OCCUPIED = reasons.OCCUPIED
+REASON_CONFORMANCE = reasons.CONFORMANCE
+REASON_POWER = reasons.POWER
 
 Conf = str | None  # conformance fingerprint; None = unknown (a group of one per node)
 Plan = dict[int, dict[Conf, int]]  # group -> conformance -> node count
@@ -117,10 +118,17 @@ class Reservation(msgspec.Struct, frozen=True):
 
 
 class Pending(msgspec.Struct, frozen=True):
-    """Why an allocation was not placed this cycle (shown to users)."""
+    """Why an allocation was not placed this cycle: ``reason`` is the kind (the
+    troubleshooting table's words, which the scheduler's logic compares), ``detail`` the
+    numbers behind it; users read :attr:`text` (lattice_scheduler.reasons)."""
 
     allocation_id: str
     reason: str
+    detail: str = ""
+
+    @property
+    def text(self) -> str:
+        return reasons.text(self.reason, self.detail)
 
 
 class SolveResult(msgspec.Struct):
@@ -872,30 +880,31 @@ def solve(
     depth_left = max(0, backfill_depth)
     blocked_above = False
     now_ = now
+    unusable_cache: dict[tuple[object, ...], int] = {}
 
     for a in queue:
         spec = a.spec
         k = max(1, spec.nodes)
         tname = spec.tenant
         t = tenants.get(tname)
-        if t is not None and (
-            (t.max_nodes is not None and cyc.used_nodes.get(tname, 0) + k > t.max_nodes)
-            or (
-                t.max_concurrent_allocations is not None
-                and cyc.used_allocs.get(tname, 0) + 1 > t.max_concurrent_allocations
-            )
-        ):
-            result.pending.append(Pending(a.id, REASON_QUOTA))
-            continue
+        if t is not None:
+            quota = reasons.quota(t, cyc.used_nodes.get(tname, 0), cyc.used_allocs.get(tname, 0), k)
+            if quota:
+                result.pending.append(Pending(a.id, REASON_QUOTA, quota))
+                continue
         c = spec.constraints  # (cyc.view, without the call for a known key)
         got = raw_views.get((c.gpu_type, c.gpu_count, c.memory_gb, *c.features))
         v, conformance = got if got is not None else cyc.view(spec)
         if v.usable_total < k:
-            result.pending.append(Pending(a.id, REASON_NO_MATCH))
+            unusable = _unusable_matching(topo, spec, vcluster, unusable_cache)
+            detail = reasons.too_few_nodes(k, vcluster, v.usable_total, unusable)
+            kind = reasons.WAITING_FOR_CAPACITY if spec.wait_for_capacity else REASON_NO_MATCH
+            result.pending.append(Pending(a.id, kind, detail))
             continue
         need_conf = conformance and k > 1
-        if need_conf and v.largest_usable_conf() < k:
-            result.pending.append(Pending(a.id, REASON_CONFORMANCE))
+        if need_conf and (largest := v.largest_usable_conf()) < k:
+            detail = reasons.conformance(k, max(largest, 0))
+            result.pending.append(Pending(a.id, REASON_CONFORMANCE, detail))
             continue
         if not depth_left and v.free_any < k:
             # nothing free to start on and no reservation left to make: on a full
@@ -957,8 +966,8 @@ def solve(
                 )
             )
             continue
-        result.pending.append(Pending(a.id, REASON_OCCUPIED))
         blocked_above = True
+        detail = ""
         if depth_left > 0:
             found = cyc.reserve(v, k, mode=mode, require_conformance=need_conf, max_span=max_span)
             if found is not None:
@@ -969,4 +978,31 @@ def solve(
                 r_end = start + w if w > 0 else INF
                 cyc.hold_for(reserved, start, r_end)
                 result.reservations.append(Reservation(a.id, start, tuple(reserved), r_end))
+                detail = reasons.reserved_for_it(k, start, now)
+        if not detail and v.free_any >= k and result.reservations:
+            # enough idle nodes, but they are held for a reservation that starts before
+            # this allocation would end
+            r = result.reservations[0]
+            detail = reasons.reserved_for_other(r.allocation_id, len(r.node_ids), r.start_time, now)
+        result.pending.append(Pending(a.id, REASON_OCCUPIED, detail))
     return result
+
+
+def _unusable_matching(
+    topo: TopologyModel, spec: AllocationSpec, vcluster: str, cache: dict[tuple[object, ...], int]
+) -> int:
+    """Nodes of ``vcluster``'s pool (or the shared one) that meet ``spec``'s hard
+    constraints but are down, failed or disabled: capacity that may come back."""
+    c = spec.constraints
+    key = (c.gpu_type, c.gpu_count, c.memory_gb, *c.features)
+    got = cache.get(key)
+    if got is None:
+        kw = filter_kwargs(spec)
+        got = cache[key] = sum(
+            1
+            for nid, n in topo.nodes.items()
+            if n.home_vcluster in ("", vcluster)
+            and (n.disabled or n.state in UNUSABLE_STATES)
+            and signature_matches(topo.signature(nid), **kw)  # type: ignore[arg-type]
+        )
+    return got

@@ -29,6 +29,8 @@ from lattice_sdk.models import (
     LogLine,
     Node,
     NodeCapabilities,
+    QueueEntry,
+    StartEstimate,
     Tenant,
     VCluster,
 )
@@ -48,6 +50,8 @@ __all__ = [
     "LogLine",
     "Node",
     "NodeCapabilities",
+    "QueueEntry",
+    "StartEstimate",
     "Tenant",
     "VCluster",
     "__version__",

@@ -24,6 +24,8 @@ from lattice_sdk.models import (
     AllocationSpec,
     LogLine,
     Node,
+    QueueEntry,
+    StartEstimate,
     Tenant,
     VCluster,
 )
@@ -225,6 +227,13 @@ class LatticeClient:
             spec.request_id = uuid.uuid4().hex
         data = await self._call("POST", "/allocations", body=spec.to_dict())
         return Allocation.from_dict(data)
+
+    async def test_submit(self, spec: AllocationSpec) -> StartEstimate:
+        """``sbatch --test-only``: the refusal a submission would get, or when and on
+        how many nodes it would start; nothing is stored."""
+        body = {**spec.to_dict(), "test_only": True}
+        data = await self._call("POST", "/allocations", body=body)
+        return StartEstimate.from_dict(data.get("estimate") if isinstance(data, dict) else None)
 
     async def submit_task_group(self, spec: AllocationSpec, task_group: str) -> dict[str, Any]:
         """Submit a task group (job array), e.g. ``task_group="0-99%20"``: one allocation
@@ -431,6 +440,13 @@ class LatticeClient:
         return VCluster.from_dict(data)
 
     # ------------------------------------------------------------------ cluster
+
+    async def vcluster_queue(self, name: str, all: bool = False) -> dict[str, Any]:
+        """A vCluster's pending queue in scheduling order: ``{"vcluster", "total",
+        "computed_at", "entries": [QueueEntry, ...]}``; the caller's own entries unless
+        ``all=True`` (needs permission); positions count everyone's."""
+        data = await self._call("GET", f"/vclusters/{_seg(name)}/queue", params={"all": bool(all)})
+        return {**data, "entries": [QueueEntry.from_dict(e) for e in _items(data, "entries")]}
 
     async def raft_status(self) -> dict[str, Any]:
         """Quorum view of the member that answered: leader, term, commit index, members."""

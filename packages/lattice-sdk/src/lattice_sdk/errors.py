@@ -104,6 +104,7 @@ _DEFAULT_HINTS: dict[int, str] = {
 
 _BY_CODE: dict[str, type[LatticeError]] = {
     "invalid_argument": LatticeValidationError,
+    "unsatisfiable": LatticeValidationError,
     "unauthenticated": LatticeAuthError,
     "permission_denied": LatticeAuthError,
     "not_found": LatticeNotFoundError,

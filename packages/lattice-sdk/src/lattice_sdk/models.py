@@ -74,6 +74,8 @@ class AllocationSpec(_Record):
     user: str = ""
     walltime_seconds: int | None = None
     min_nodes: int | None = None  # node range {min_nodes, nodes} (services)
+    # accept even if the vCluster cannot offer the nodes/constraints yet, and wait
+    wait_for_capacity: bool = False
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +109,7 @@ class AllocationSpec(_Record):
             "request_id": self.request_id,
             "user": self.user,
             "min_nodes": self.min_nodes,
+            "wait_for_capacity": self.wait_for_capacity or None,
         }
         if not self.walltime and self.walltime_seconds:
             optional["walltime_seconds"] = self.walltime_seconds
@@ -133,6 +136,9 @@ class Allocation(_Record):
     reason: str = ""
     requeue_count: int = 0
     preempted_count: int = 0
+    pending_reason: str = ""  # why it is still Pending, with numbers
+    estimated_start: float | None = None  # the scheduler's estimate (Pending only)
+    estimate_basis: str = ""  # now | reservation | simulation
     revision: int = 0
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -152,6 +158,42 @@ class Allocation(_Record):
     def terminal(self) -> bool:
         """True once the allocation is Completed, Failed or Cancelled."""
         return self.state in TERMINAL_STATES
+
+
+@dataclass
+class StartEstimate(_Record):
+    """When and where an allocation would start (a test-only submission's answer).
+    ``estimated_start`` None: not within the estimate's horizon."""
+
+    estimated_start: float | None = None
+    estimate_basis: str = ""  # now | reservation | simulation
+    nodes: int = 0
+    node_ids: list[str] = field(default_factory=list)
+    position: int = 0  # place in the vCluster's queue, 1 = first
+    pending_reason: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass
+class QueueEntry(_Record):
+    """One pending allocation of a vCluster's queue, in the order the scheduler
+    considers them: its score and weighted factors, why it waits, its reservation and
+    its estimated start."""
+
+    position: int = 0
+    allocation: Allocation = field(default_factory=Allocation)
+    score: float = 0.0
+    breakdown: dict[str, float] = field(default_factory=dict)
+    pending_reason: str = ""
+    reserved_start: float | None = None
+    reserved_nodes: list[str] = field(default_factory=list)
+    estimated_start: float | None = None
+    estimate_basis: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.allocation, dict):
+            self.allocation = Allocation.from_dict(self.allocation)
 
 
 @dataclass

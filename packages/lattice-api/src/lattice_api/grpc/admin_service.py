@@ -11,6 +11,7 @@ from lattice_common.wire import from_message, to_message
 
 from lattice_api.grpc.context import update_fields, who
 from lattice_api.ops.admin import AdminOps
+from lattice_api.ops.queue import QueueOps
 from lattice_api.ops.usage import UsageOps
 
 
@@ -21,9 +22,27 @@ def _record_body(record: Tenant | VCluster) -> dict[str, object]:
 
 
 class AdminService(v1.AdminServiceBase):
-    def __init__(self, ops: AdminOps, usage: UsageOps) -> None:
+    def __init__(self, ops: AdminOps, usage: UsageOps, queue: QueueOps) -> None:
         self.ops = ops
         self.usage = usage
+        self.queue = queue
+
+    # --- the queue view -------------------------------------------------------------
+
+    async def get_v_cluster_queue(self, message: v1.GetVClusterQueueRequest) -> v1.VClusterQueue:
+        q = self.queue.queue(who(), message.name, all_users=message.all_users)
+        return v1.VClusterQueue(
+            vcluster=q["vcluster"],
+            total=q["total"],
+            computed_at=q["computed_at"],
+            entries=[
+                v1.QueueEntry(
+                    **{k: v for k, v in e.items() if k != "allocation"},
+                    allocation=to_message(e["allocation"], v1.Allocation),
+                )
+                for e in q["entries"]
+            ],
+        )
 
     # --- tenants --------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 import grpclib
 from grpclib.const import Status
+from lattice_common.errors import ValidationError
 from lattice_common.proto.lattice import v1
 from lattice_common.wire import to_message
 
@@ -18,6 +19,11 @@ class AllocationService(v1.AllocationServiceBase):
         self.ops = ops
 
     async def submit(self, message: v1.SubmitRequest) -> v1.SubmitResponse:
+        if message.test_only:
+            if message.allocation is None:
+                raise ValidationError("a test-only submission takes a single allocation")
+            est = self.ops.test_submit(who(), to_body(message.allocation))
+            return v1.SubmitResponse(estimate=to_message(est, v1.StartEstimate))
         if message.task_group is not None and message.task_group.template is not None:
             tg = message.task_group
             body = to_body(tg.template)

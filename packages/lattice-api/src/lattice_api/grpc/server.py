@@ -99,7 +99,7 @@ def build_grpc_server(ops: Operations, auth: Authenticator) -> Server:
         [
             AllocationService(ops.allocations),
             NodeService(ops.nodes),
-            AdminService(ops.admin, ops.usage),
+            AdminService(ops.admin, ops.usage, ops.queue),
             QuorumService(ops.quorum),
         ]
     )

@@ -10,14 +10,16 @@ from typing import Any, Protocol
 from lattice_common import commands as c
 from lattice_common.errors import NotFound, ValidationError
 from lattice_common.taskgroup import parse_task_group
-from lattice_common.types import Allocation, AllocationState
+from lattice_common.types import Allocation, AllocationSpec, AllocationState, StartEstimate
 from lattice_common.watch import decode_delta
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
+from lattice_scheduler import admission
 
 from lattice_api import access
 from lattice_api.auth import Identity
 from lattice_api.ops.base import raise_if_error
+from lattice_api.ops.queue import QueueOps
 from lattice_api.validation import validate_submission
 
 
@@ -47,13 +49,21 @@ def parse_states(state: str | None) -> set[AllocationState] | None:
 
 
 class AllocationOps:
-    def __init__(self, quorum: Quorum, logs: LogSource) -> None:
+    def __init__(self, quorum: Quorum, logs: LogSource, queue: QueueOps) -> None:
         self.quorum = quorum
         self.log_source = logs
+        self.queue = queue
 
     # --- submit ---------------------------------------------------------------------
 
-    def _validate(self, who: Identity, body: dict[str, Any]) -> Any:
+    def _validate(self, who: Identity, body: dict[str, Any]) -> AllocationSpec:
+        """The spec, or the error that refuses it: malformed input, unknown names, or a
+        request that can never run here (lattice_scheduler.admission)."""
+        spec = self._parse(who, body)
+        self.quorum.read(queries.admit, admission.check, spec)
+        return spec
+
+    def _parse(self, who: Identity, body: dict[str, Any]) -> AllocationSpec:
         tenants, vclusters = self.quorum.read(queries.tenant_and_vcluster_names)
         return validate_submission(
             body,
@@ -73,6 +83,12 @@ class AllocationOps:
         )
         assert res.allocation is not None
         return res.allocation
+
+    def test_submit(self, who: Identity, body: dict[str, Any]) -> StartEstimate:
+        """``sbatch --test-only``: validate and refuse as a submission would, then say
+        when and where it would start; nothing is stored."""
+        body = {k: v for k, v in body.items() if k not in ("task_group", "test_only")}
+        return self.queue.test_only(self._validate(who, body))
 
     async def submit_task_group(self, who: Identity, body: dict[str, Any]) -> c.CommandResult:
         """One allocation per index of ``body["task_group"]`` (``"0-99%20"`` or an object

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from aiohttp import web
+from lattice_common.errors import ValidationError
 
 from lattice_api.http import json_response, query_flag, query_int, read_body, stream_ndjson, who
 from lattice_api.operations import Operations
@@ -14,6 +15,11 @@ def add_routes(router: web.UrlDispatcher, ops: Operations) -> None:
 
     async def submit(request: web.Request) -> web.Response:
         body = await read_body(request)
+        if body.get("test_only") or query_flag(request.query, "test_only"):
+            if body.get("task_group") not in (None, ""):
+                raise ValidationError("a test-only submission takes a single allocation")
+            est = allocs.test_submit(who(request), body)
+            return json_response({"test_only": True, "estimate": est})
         if body.get("task_group") not in (None, ""):
             res = await allocs.submit_task_group(who(request), body)
             tasks = res.allocations or []

@@ -118,6 +118,23 @@ def submit(
         str | None,
         typer.Option("--chdir", "-D", help="Working directory of the job (default: current)."),
     ] = None,
+    wait_for_capacity: Annotated[
+        bool,
+        typer.Option(
+            "--wait-for-capacity",
+            help="Accept the job even if the vCluster has too few nodes (or none with the "
+            "constraints) yet, and wait until they are added. (Slurm's --hold is different: "
+            "a user hold.)",
+        ),
+    ] = False,
+    test_only: Annotated[
+        bool,
+        typer.Option(
+            "--test-only",
+            help="Say when and on how many nodes the job would start (an estimate), or why "
+            "it would be refused; submit nothing (like sbatch --test-only).",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -208,10 +225,16 @@ def submit(
         max_requeue=opts.max_requeue,
         tags=opts.tags,
         min_nodes=min_nodes,
+        wait_for_capacity=wait_for_capacity,
     )
     fmt = state.output(output)
     if dry_run:
         emit(state, "yaml" if fmt == "yaml" else "json", spec.to_dict())
+        return
+    if test_only:
+        if task_group:
+            fail("--test-only takes a single allocation, not a task group", code=2)
+        _test_only(state, fmt, spec)
         return
 
     if task_group:
@@ -239,6 +262,21 @@ def submit(
         print(alloc.id)
     else:
         print(f"Submitted allocation {alloc.id}")
+
+
+def _test_only(state: Any, fmt: str, spec: Any) -> None:
+    import time
+
+    from lattice_cli import output as out
+
+    async def go(client: Any) -> Any:
+        return await client.test_submit(spec)
+
+    est = run_api(state, go)
+    if fmt in ("json", "yaml"):
+        emit(state, fmt, est.raw)
+        return
+    print(out.test_only_text(est.raw, time.time()))
 
 
 def _read_script(script: str) -> tuple[str, str]:

@@ -200,18 +200,27 @@ def update_allocation_state(
 def set_pending_reasons(
     state: GlobalState, cmd: c.SetPendingReasons, ch: Changes
 ) -> c.CommandResult:
-    changed = [
-        a
-        for aid, reason in sorted(cmd.reasons.items())
-        if (a := state.allocations.get(aid)) is not None
-        and a.state == AllocationState.PENDING
-        and a.pending_reason != reason[:200]
-    ]
+    """Reasons (cut to 200 characters) and start estimates of Pending allocations; only
+    those that differ change anything."""
+    changed: dict[str, Allocation] = {}
+    for aid in sorted({*cmd.reasons, *cmd.estimates}):
+        a = state.allocations.get(aid)
+        if a is None or a.state != AllocationState.PENDING:
+            continue
+        reason = cmd.reasons.get(aid, a.pending_reason)[:200]
+        e = cmd.estimates.get(aid)
+        start, basis = (
+            (a.estimated_start, a.estimate_basis)
+            if e is None
+            else (e.estimated_start, e.estimate_basis if e.estimated_start is not None else "")
+        )
+        if (reason, start, basis) != (a.pending_reason, a.estimated_start, a.estimate_basis):
+            changed[aid] = a
+            a.pending_reason, a.estimated_start, a.estimate_basis = reason, start, basis
     if not changed:
         return c.CommandResult(revision=state.revision)
     bump(state)
-    for a in changed:
-        a.pending_reason = cmd.reasons[a.id][:200]
+    for a in changed.values():
         touch_alloc(state, a, ch)
     return c.CommandResult(revision=state.revision)
 

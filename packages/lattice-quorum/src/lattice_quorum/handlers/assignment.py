@@ -55,6 +55,7 @@ def assign_nodes(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.Comma
         touch_node(state, n, ch)
     a.assigned_nodes = list(cmd.node_ids)
     a.pending_reason = ""
+    a.estimated_start, a.estimate_basis = None, ""
     a.preempted_by = ""
     a.state = AllocationState.RUNNING
     a.started_at = cmd.now

@@ -86,6 +86,7 @@ def finish(
     a.state = target
     a.reason = reason
     a.exit_code = exit_code
+    a.estimated_start, a.estimate_basis = None, ""
     a.finished_at = finished_at if finished_at is not None else now
     touch_alloc(state, a, ch)
 

@@ -61,6 +61,7 @@ __all__ = (
     "GetTenantRequest",
     "GetTenantUsageRequest",
     "GetUserUsageRequest",
+    "GetVClusterQueueRequest",
     "GetVClusterRequest",
     "GpuDevice",
     "GpuLink",
@@ -108,6 +109,7 @@ __all__ = (
     "QueryAuditRequest",
     "QueryAuditResponse",
     "QueryMetricsRequest",
+    "QueueEntry",
     "QuorumServiceBase",
     "QuorumServiceStub",
     "RaftMember",
@@ -120,6 +122,7 @@ __all__ = (
     "RestoreBackupResponse",
     "ServiceEndpoint",
     "Session",
+    "StartEstimate",
     "StateEvent",
     "StreamLogsRequest",
     "StreamMetricsRequest",
@@ -136,6 +139,7 @@ __all__ = (
     "UsageRecord",
     "UserUsage",
     "VCluster",
+    "VClusterQueue",
     "VerifyBackupRequest",
     "VerifyBackupResponse",
     "WatchAllocationsRequest",
@@ -305,6 +309,18 @@ class Allocation(betterproto2.Message):
     )
     """
     when preemption asked it to checkpoint
+    """
+
+    estimated_start: "float | None" = betterproto2.field(
+        21, betterproto2.TYPE_DOUBLE, optional=True
+    )
+    """
+    the scheduler's estimate of when it starts (Pending only); unset = no estimate
+    """
+
+    estimate_basis: "str" = betterproto2.field(22, betterproto2.TYPE_STRING)
+    """
+    how the estimate was made: now | reservation | simulation
     """
 
 
@@ -487,6 +503,11 @@ class AllocationSpec(betterproto2.Message):
     min_nodes: "int" = betterproto2.field(19, betterproto2.TYPE_INT32)
     """
     node range {min_nodes, nodes}; 0 = exactly `nodes`
+    """
+
+    wait_for_capacity: "bool" = betterproto2.field(20, betterproto2.TYPE_BOOL)
+    """
+    accept even if the vCluster cannot offer the nodes or constraints yet; wait until it can
     """
 
     walltime: "str" = betterproto2.field(30, betterproto2.TYPE_STRING)
@@ -1603,6 +1624,24 @@ class GetUserUsageRequest(betterproto2.Message):
 
 
 default_message_pool.register_message("lattice.v1", "GetUserUsageRequest", GetUserUsageRequest)
+
+
+@dataclass(eq=False, repr=False)
+class GetVClusterQueueRequest(betterproto2.Message):
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    vCluster name
+    """
+
+    all_users: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+    """
+    every user's entries (needs allocation.list_all); false = the caller's
+    """
+
+
+default_message_pool.register_message(
+    "lattice.v1", "GetVClusterQueueRequest", GetVClusterQueueRequest
+)
 
 
 @dataclass(eq=False, repr=False)
@@ -2865,6 +2904,67 @@ default_message_pool.register_message("lattice.v1", "QueryMetricsRequest", Query
 
 
 @dataclass(eq=False, repr=False)
+class QueueEntry(betterproto2.Message):
+    """
+    One pending allocation in a vCluster's queue.
+    """
+
+    position: "int" = betterproto2.field(1, betterproto2.TYPE_INT32)
+    """
+    1 = considered first
+    """
+
+    allocation: "Allocation | None" = betterproto2.field(
+        2, betterproto2.TYPE_MESSAGE, optional=True
+    )
+    """
+    the pending allocation
+    """
+
+    score: "float" = betterproto2.field(3, betterproto2.TYPE_DOUBLE)
+    """
+    Score(j) with the vCluster's weights (0 for interactive-fifo)
+    """
+
+    breakdown: "dict[str, float]" = betterproto2.field(
+        4,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_DOUBLE),
+    )
+    """
+    weighted factors (f1_priority ... f9_conformance) and penalties
+    """
+
+    pending_reason: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    why it is not running, with numbers
+    """
+
+    reserved_start: "float | None" = betterproto2.field(6, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    the backfill reservation's start, if it holds one
+    """
+
+    reserved_nodes: "list[str]" = betterproto2.field(7, betterproto2.TYPE_STRING, repeated=True)
+    """
+    the nodes reserved for it
+    """
+
+    estimated_start: "float | None" = betterproto2.field(8, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    estimated start; unset = beyond the estimate's horizon
+    """
+
+    estimate_basis: "str" = betterproto2.field(9, betterproto2.TYPE_STRING)
+    """
+    now | reservation | simulation
+    """
+
+
+default_message_pool.register_message("lattice.v1", "QueueEntry", QueueEntry)
+
+
+@dataclass(eq=False, repr=False)
 class RaftMember(betterproto2.Message):
     """
     One quorum member.
@@ -3111,6 +3211,47 @@ default_message_pool.register_message("lattice.v1", "Session", Session)
 
 
 @dataclass(eq=False, repr=False)
+class StartEstimate(betterproto2.Message):
+    """
+    When and where a pending or test-only allocation is expected to start;
+    mirrors lattice_common.types.StartEstimate.
+    """
+
+    estimated_start: "float | None" = betterproto2.field(1, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    unset = not within the estimate's horizon
+    """
+
+    estimate_basis: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    now | reservation | simulation
+    """
+
+    nodes: "int" = betterproto2.field(3, betterproto2.TYPE_INT32)
+    """
+    node count it would start on
+    """
+
+    node_ids: "list[str]" = betterproto2.field(4, betterproto2.TYPE_STRING, repeated=True)
+    """
+    the nodes it would start on, when known
+    """
+
+    position: "int" = betterproto2.field(5, betterproto2.TYPE_INT32)
+    """
+    its place in the vCluster's queue (1 = first)
+    """
+
+    pending_reason: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+    """
+    why it would not start now, "" when it would
+    """
+
+
+default_message_pool.register_message("lattice.v1", "StartEstimate", StartEstimate)
+
+
+@dataclass(eq=False, repr=False)
 class StateEvent(betterproto2.Message):
     revision: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
     """
@@ -3222,6 +3363,11 @@ class SubmitRequest(betterproto2.Message):
     task group (job array)
     """
 
+    test_only: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+    """
+    validate and estimate the start, store nothing (sbatch --test-only)
+    """
+
 
 default_message_pool.register_message("lattice.v1", "SubmitRequest", SubmitRequest)
 
@@ -3248,6 +3394,13 @@ class SubmitResponse(betterproto2.Message):
     )
     """
     the created allocations as committed, same order as allocation_ids
+    """
+
+    estimate: "StartEstimate | None" = betterproto2.field(
+        5, betterproto2.TYPE_MESSAGE, optional=True
+    )
+    """
+    test_only: when and where it would start
     """
 
 
@@ -3713,6 +3866,32 @@ default_message_pool.register_message("lattice.v1", "VCluster", VCluster)
 
 
 @dataclass(eq=False, repr=False)
+class VClusterQueue(betterproto2.Message):
+    vcluster: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    vCluster name
+    """
+
+    entries: "list[QueueEntry]" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    visible entries, in queue order
+    """
+
+    total: "int" = betterproto2.field(3, betterproto2.TYPE_INT32)
+    """
+    pending allocations in the queue, visible or not
+    """
+
+    computed_at: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
+    """
+    when the view was computed (Unix seconds)
+    """
+
+
+default_message_pool.register_message("lattice.v1", "VClusterQueue", VClusterQueue)
+
+
+@dataclass(eq=False, repr=False)
 class VerifyBackupRequest(betterproto2.Message):
     path: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -3991,6 +4170,27 @@ class AdminServiceStub(betterproto2_grpclib.ServiceStub):
             "/lattice.v1.AdminService/DeleteVCluster",
             message,
             DeleteVClusterResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def get_v_cluster_queue(
+        self,
+        message: "GetVClusterQueueRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "VClusterQueue":
+        """
+        The vCluster's pending queue in the order the scheduler considers it.
+        """
+
+        return await self._unary_unary(
+            "/lattice.v1.AdminService/GetVClusterQueue",
+            message,
+            VClusterQueue,
             timeout=timeout,
             deadline=deadline,
             metadata=metadata,
@@ -5124,6 +5324,13 @@ class AdminServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def get_v_cluster_queue(self, message: "GetVClusterQueueRequest") -> "VClusterQueue":
+        """
+        The vCluster's pending queue in the order the scheduler considers it.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def get_raft_status(self, message: "GetRaftStatusRequest") -> "RaftStatus":
         """
         Raft membership and progress of the member that answers.
@@ -5259,6 +5466,14 @@ class AdminServiceBase(betterproto2_grpclib.ServiceBase):
         request = await stream.recv_message()
         assert request is not None
         response = await self.delete_v_cluster(request)
+        await stream.send_message(response)
+
+    async def __rpc_get_v_cluster_queue(
+        self, stream: "grpclib.server.Stream[GetVClusterQueueRequest, VClusterQueue]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.get_v_cluster_queue(request)
         await stream.send_message(response)
 
     async def __rpc_get_raft_status(
@@ -5402,6 +5617,12 @@ class AdminServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 DeleteVClusterRequest,
                 DeleteVClusterResponse,
+            ),
+            "/lattice.v1.AdminService/GetVClusterQueue": grpclib.const.Handler(
+                self.__rpc_get_v_cluster_queue,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetVClusterQueueRequest,
+                VClusterQueue,
             ),
             "/lattice.v1.AdminService/GetRaftStatus": grpclib.const.Handler(
                 self.__rpc_get_raft_status,
