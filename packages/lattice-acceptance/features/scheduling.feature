@@ -73,13 +73,13 @@ Feature: Scheduling engine
     When I release the node with lattice node release
     Then the lattice command named in the hint runs without error
 
-  Scenario: A job asking for a GPU type that no node has says why it waits
+  Scenario: A job for a GPU type that no node has yet waits for it when told to, and says so
     Given a Lattice cluster with 1 node
-    When I submit a job with lattice submit --constraint gpu_type=H100
+    When I submit a job with lattice submit --constraint gpu_type=H100 --wait-for-capacity
     Then the job stays Pending although the node is idle
-    And lattice status of the job shows "Pending reason:" "no nodes matching constraints"
-    And lattice status of the job with --verbose shows "Pending reason:" "no nodes matching constraints"
-    And the REASON column of lattice status --verbose shows "no nodes matching constraints" for the job
+    And lattice status of the job shows "Pending reason:" "waiting for capacity: needs 1 node, vCluster default has 0 that match"
+    And lattice status of the job with --verbose shows "Pending reason:" "waiting for capacity: needs 1 node, vCluster default has 0 that match"
+    And the REASON column of lattice status --verbose shows "waiting for capacity: needs 1 node, vCluster default has 0 that match" for the job
 
   Scenario: A job waiting for a busy node says that all suitable nodes are occupied
     Given a Lattice cluster with 1 node
@@ -96,7 +96,7 @@ Feature: Scheduling engine
     And a job "capped-hold" of tenant "capped" that runs until released
     When I submit a job with lattice submit --tenant=capped
     Then the job stays Pending although a node is idle
-    And lattice status of the job shows "Pending reason:" "waiting for quota headroom"
+    And lattice status of the job shows "Pending reason:" "waiting for quota headroom: tenant capped holds 1 of max_nodes 1, this allocation needs 1 more"
 
   Scenario: A job asking for a range of nodes starts with the nodes that are free
     Given a Lattice cluster with 3 nodes

@@ -97,8 +97,11 @@ class QueueOps:
         )
         weights = v.weights if v is not None else CostWeights()
         fifo = v is not None and v.scheduler_type == SchedulerType.INTERACTIVE_FIFO
-        scores = d.scores or {a.id: 0.0 for a in d.queue}
-        order = decide.solver_order(d.queue, scores)
+        scores = d.scores
+        if not scores and not fifo:  # a cycle with nothing free does not score
+            score = decide.scorer(m, vcluster, now, ctx)
+            scores = {a.id: float(score(a)) for a in d.queue}
+        order = decide.solver_order(d.queue, scores or {a.id: 0.0 for a in d.queue})
         in_queue = {a.id: a for a in d.queue}
         # held back (task-group limits, preempted victims): after the solver's queue
         rest = sorted(
