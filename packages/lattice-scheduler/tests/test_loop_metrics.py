@@ -56,3 +56,65 @@ def test_the_configured_budget_window_reaches_every_decision(tmp_path, monkeypat
     asyncio.run(s.cycle())
     assert seen == [7]
     s.quorum.endpoints.close()
+
+
+class _RecordingQuorum:
+    """Takes proposals and answers each with success; keeps what it was sent."""
+
+    def __init__(self) -> None:
+        from lattice_common import commands as c
+
+        self.c = c
+        self.sent: list[object] = []
+
+    async def propose(self, cmd):  # type: ignore[no-untyped-def]
+        self.sent.append(cmd)
+        if isinstance(cmd, self.c.Batch):
+            return self.c.CommandResult(
+                revision=1, results=[self.c.CommandResult(revision=1) for _ in cmd.commands]
+            )
+        return self.c.CommandResult(revision=1)
+
+
+def test_a_cycle_publishes_reasons_and_reservations_and_the_simulation_the_rest() -> None:
+    """In the cycle: pending reasons and the reservation's start; between cycles: the
+    simulated start of the rest (nothing for what the cycle itself starts)."""
+    import asyncio
+    import time
+
+    from lattice_common import commands as c
+    from lattice_common.types import ESTIMATE_RESERVATION, ESTIMATE_SIMULATION
+
+    now = time.time()
+    q = _RecordingQuorum()
+    s = Scheduler(quorum=q, vclusters=["v"], cycle_interval=5.0)  # type: ignore[arg-type]
+    m = s.mirror
+    for i in (1, 2):
+        run = b.allocation(id=f"r{i}", state=AllocationState.RUNNING, walltime_seconds=600)
+        run = msgspec.structs.replace(run, assigned_nodes=[f"n{i}"], started_at=now - 600 + 100 * i)
+        m.allocations[run.id] = run
+        m.holding[run.id] = None
+        m.nodes[f"n{i}"] = b.node(f"n{i}", owner=run.id)
+    m.nodes["n3"] = b.node("n3")
+    jobs = [
+        b.allocation(id="big", nodes=3, preemption_class=9, walltime_seconds=300, submitted_at=1),
+        b.allocation(id="small", walltime_seconds=60, submitted_at=2),
+        b.allocation(id="late", nodes=2, walltime_seconds=600, submitted_at=3),
+    ]
+    for a in jobs:
+        m.allocations[a.id] = a
+        m.pending[a.id] = None
+    asyncio.run(s.cycle())
+    reasons = [x for x in q.sent if isinstance(x, c.SetPendingReasons)]
+    assert len(reasons) == 1
+    assert reasons[0].reasons["big"].startswith("all suitable nodes occupied: 3 nodes reserved")
+    assert reasons[0].estimates["big"].estimate_basis == ESTIMATE_RESERVATION
+    assert "small" not in reasons[0].estimates  # the cycle starts it (backfill): no news
+    q.sent.clear()
+    asyncio.run(s._simulate())
+    (published,) = [x for x in q.sent if isinstance(x, c.SetPendingReasons)]
+    assert published.estimates["big"].estimate_basis == ESTIMATE_RESERVATION
+    late = published.estimates["late"]
+    assert late.estimate_basis in (ESTIMATE_RESERVATION, ESTIMATE_SIMULATION)
+    # after the big job, which starts when the second running job ends
+    assert late.estimated_start == round(now + 200 + 300)

@@ -19,7 +19,7 @@ from lattice_common import commands as c
 from lattice_common import ledger
 from lattice_common.errors import LatticeError
 from lattice_common.rpc import RemoteQuorum
-from lattice_common.types import Allocation, AllocationState, StartEstimate
+from lattice_common.types import ESTIMATE_NOW, Allocation, AllocationState, StartEstimate
 from lattice_common.watch import StateMirror
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -84,6 +84,11 @@ ESTIMATE_DURATION = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30),
 )
 
+ESTIMATE_FAILURES = Counter(
+    "lattice_scheduling_estimate_failures_total",
+    "Forward simulations for start estimates that failed (no estimates published)",
+)
+
 
 class Scheduler:
     def __init__(
@@ -134,7 +139,7 @@ class Scheduler:
                 await self._stop_estimating()
                 await self.cycle()
                 if self._simulations:
-                    self._estimating = asyncio.create_task(self._simulate(), name="estimates")
+                    self._estimating = asyncio.create_task(self._estimate(), name="estimates")
         finally:
             await self._stop_estimating()
             watcher.cancel()
@@ -201,13 +206,16 @@ class Scheduler:
             if proposals:
                 await self._assign(vc, proposals, rev)
             await self._preempt(vc, d.preemptions)
-            starts = estimate.from_decision(d, now) if self.estimates else {}
+            # what this cycle starts leaves Pending anyway: only reservations are news
+            starts = {
+                aid: e
+                for aid, e in (estimate.from_decision(d, now) if self.estimates else {}).items()
+                if e.estimate_basis != ESTIMATE_NOW
+            }
             await self._publish_reasons(d.waiting, starts)
             CYCLE.labels(vc).observe(time.perf_counter() - t0)
             if self.estimates and d.queue:
-                self._simulations.append(
-                    estimate.Simulation(m, vc, now, d, budget_period_days=self.budget_period_days)
-                )
+                self._simulations.append((vc, now, d))
 
     async def _assign(self, vc: str, proposals: list[Proposal], rev: int) -> None:
         batch = c.Batch(
@@ -289,6 +297,17 @@ class Scheduler:
         except LatticeError as e:
             log.info("could not publish pending reasons: %s", e.message)
 
+    async def _estimate(self) -> None:
+        """:meth:`_simulate`, whose failure costs the estimates, never the scheduler:
+        logged and counted."""
+        try:
+            await self._simulate()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            ESTIMATE_FAILURES.inc()
+            log.exception("start estimates failed (scheduling goes on without them)")
+
     async def _simulate(self) -> None:
         """Between cycles: simulate each vCluster's queue forward from the cycle's
         decision, one decision at a time, yielding to the event loop after each so that
@@ -308,8 +327,9 @@ class Scheduler:
                     return
                 sim.step()
             ESTIMATE_DURATION.labels(vc).observe(time.perf_counter() - t0)
+            found = {a: e for a, e in sim.estimates.items() if e.estimate_basis != ESTIMATE_NOW}
             cleared = {aid: StartEstimate() for aid in sim.unreachable()}
-            await self._publish_reasons([], {**sim.estimates, **cleared})
+            await self._publish_reasons([], {**found, **cleared})
             if time.perf_counter() >= deadline:
                 return
 
