@@ -15,7 +15,7 @@ from grpclib.const import Status
 from lattice_api.auth import Role
 from lattice_common.errors import LatticeError
 from lattice_common.proto.lattice import v1
-from lattice_common.types import Allocation, Node, Tenant, VCluster
+from lattice_common.types import Allocation, AllocationSpec, Node, Tenant, VCluster
 from lattice_common.wire import from_message, to_message
 from served_api import Grpc, Rest, World, bearer, grpc_error
 
@@ -314,7 +314,44 @@ def grpc_status_of(err: dict[str, Any]) -> str:
 
 Case = tuple[str, Callable[[Grpc, Any], Awaitable[Any]], tuple[Any, ...], dict[str, str]]
 
+
+def _spec_body(w: Any, **kw: Any) -> dict[str, Any]:
+    return {**msgspec.to_builtins(w.spec("alice")), **kw}
+
+
+def _spec_message(w: Any, **kw: Any) -> v1.AllocationSpec:
+    return to_message(msgspec.convert(_spec_body(w, **kw), AllocationSpec), v1.AllocationSpec)
+
+
 ERROR_CASES: list[Case] = [
+    (
+        "more nodes than the vCluster could ever offer",
+        lambda g, w: g.alloc.submit(v1.SubmitRequest(allocation=_spec_message(w, nodes=9))),
+        ("POST", "/api/v1/allocations", "{spec_nine}"),
+        ALICE,
+    ),
+    (
+        "more nodes than the tenant's max_nodes",
+        lambda g, w: g.alloc.submit(v1.SubmitRequest(allocation=_spec_message(w, nodes=11))),
+        ("POST", "/api/v1/allocations", "{spec_eleven}"),
+        ALICE,
+    ),
+    (
+        "a gpu type no node has",
+        lambda g, w: g.alloc.submit(
+            v1.SubmitRequest(
+                allocation=_spec_message(w, constraints={"gpu_type": "H100"}), test_only=True
+            )
+        ),
+        ("POST", "/api/v1/allocations", "{spec_h100_test_only}"),
+        ALICE,
+    ),
+    (
+        "queue of an unknown vcluster",
+        lambda g, w: g.admin.get_v_cluster_queue(v1.GetVClusterQueueRequest(name="x")),
+        ("GET", "/api/v1/vclusters/x/queue"),
+        ALICE,
+    ),
     (
         "get unknown",
         lambda g, w: g.alloc.get(v1.GetAllocationRequest(id="nope")),
@@ -428,12 +465,20 @@ async def test_errors_are_the_same(
     gstatus, gerr = await grpc_error(grpc_call(Grpc(channel, who), w))
     method, path, *rest_args = rest_call
     body = rest_args[0] if rest_args else None
+    bodies = {
+        "{spec_nine}": _spec_body(w, nodes=9),
+        "{spec_eleven}": _spec_body(w, nodes=11),
+        "{spec_h100_test_only}": _spec_body(w, constraints={"gpu_type": "H100"}, test_only=True),
+    }
+    body = bodies.get(body, body) if isinstance(body, str) else body
+    stored = len(_api.quorum.state.allocations)
     query = rest_args[1] if len(rest_args) > 1 else {}
     rstatus, data = await rest.call(method, path.format(**vars(w)), who, body, **query)
     rerr = data["error"]
     assert gerr == rerr, name
     assert rstatus == rest_status_of(rerr) and rstatus >= 400
     assert gstatus == grpc_status_of(gerr)
+    assert len(_api.quorum.state.allocations) == stored, "a refused request stored something"
 
 
 async def test_grpc_errors_rebuild_the_typed_error(served: Any) -> None:
@@ -442,3 +487,30 @@ async def test_grpc_errors_rebuild_the_typed_error(served: Any) -> None:
         await Grpc(channel, ALICE).alloc.get(v1.GetAllocationRequest(id="nope"))
     err = LatticeError.from_dict(msgspec.json.decode(e.value.message or "{}"))
     assert err.code == "not_found" and err.hint == "List your allocations with `lattice status`."
+
+
+# --------------------------------------------------------------------------- admission
+
+
+async def test_test_only_and_the_queue_give_the_same_answers(served: Any) -> None:
+    api, w, rest, channel = served
+    g = Grpc(channel, ALICE)
+    stored = len(api.quorum.state.allocations)
+    res = await g.alloc.submit(v1.SubmitRequest(allocation=_spec_message(w), test_only=True))
+    status, data = await rest.call(
+        "POST", "/api/v1/allocations", ALICE, _spec_body(w, test_only=True)
+    )
+    assert status == 200 and data["test_only"] is True
+    est = data["estimate"]
+    assert (
+        res.estimate.estimate_basis == est["estimate_basis"] and res.estimate.nodes == est["nodes"]
+    )
+    assert len(api.quorum.state.allocations) == stored  # nothing stored either way
+    got = await g.admin.get_v_cluster_queue(v1.GetVClusterQueueRequest(name="batch"))
+    status, data = await rest.call("GET", "/api/v1/vclusters/batch/queue", ALICE)
+    assert status == 200 and got.total == data["total"] >= 1
+    assert [e.allocation.id for e in got.entries] == [
+        e["allocation"]["id"] for e in data["entries"]
+    ]
+    assert [e.position for e in got.entries] == [e["position"] for e in data["entries"]]
+    assert all(e.allocation.spec.user == "alice" for e in got.entries)  # the listing rule

@@ -108,10 +108,13 @@ def check_constraints(spec: AllocationSpec, nodes: Iterable[Node]) -> None:
         return
     caps = [n.capabilities for n in pool]
     if c.gpu_type and not any(x.gpu_type.lower() == c.gpu_type.lower() for x in caps):
+        available = _listing(x.gpu_type for x in caps)
         _refuse(
             f'no registered node has gpu_type "{c.gpu_type}"',
-            {"gpu_type": c.gpu_type, "available": _listing(x.gpu_type for x in caps)},
-            "Use one of the GPU types listed (--gpu-type)",
+            {"gpu_type": c.gpu_type, "available": available},
+            "Ask for one of the GPU types listed (--constraint gpu_type=TYPE)"
+            if available != "none"
+            else "No registered node has GPUs: drop the gpu_type constraint",
         )
     if c.gpu_count and not any(x.gpu_count >= c.gpu_count for x in caps):
         most = max(x.gpu_count for x in caps)
@@ -128,7 +131,8 @@ def check_constraints(spec: AllocationSpec, nodes: Iterable[Node]) -> None:
             f"no registered node has the feature{'s' if len(missing) > 1 else ''} "
             + ", ".join(f'"{f}"' for f in missing),
             {"features": ", ".join(missing), "available": _listing(sorted(known))},
-            "Use features from the list (lattice nodes -o wide shows each node's)",
+            "Ask for features from the list (--constraint FEATURE; lattice nodes -o json shows "
+            "each node's)",
         )
     mem = _memory_only(spec)
     if c.memory_gb and not any(node_satisfies(n, mem) for n in pool):
