@@ -20,11 +20,36 @@ score is ``lattice_scheduler.cost.score`` with ``cost.build_context`` when that 
 is importable (``"score": "lattice_scheduler.cost.score"``), otherwise a stand-in of a
 few float operations per allocation (``"score": "stand-in"``).
 
+Estimated start times (``lattice_scheduler.estimate``), measured on the same input:
+
+* ``estimate_overhead_ratio``: median cycle time with estimates on / median with them
+  off, both measured in the same process, interleaved run by run. "On" is the same
+  cycle plus ``estimate.from_decision`` on its decision (its proposals and
+  reservations), which is what the live loop adds inside the cycle;
+  ``estimate_from_decision_s`` is that addition's median alone;
+* the forward simulation, which the live loop runs between cycles: the cluster as a
+  ``StateMirror`` and the scheduler's own decision on it (``decide_vcluster``, timed
+  once as ``decide_vcluster_s``); per measured run one ``Simulation`` is built
+  (``simulation_setup_s``: median) and up to 3 of its steps are timed
+  (``simulation_step_s``: median over all of them; ``simulation_steps_timed``);
+* ``estimate_coverage_1s``: the fraction of the pending allocations that have an
+  estimate (``now``, ``reservation`` or ``simulation``) after a fresh ``Simulation``
+  ran for at most 1.0 s of wall time (``Simulation.run`` with a deadline, checked
+  between steps), ``estimate_coverage_steps`` the steps it made;
+  ``estimate_coverage_detail``: its wall time, whether it finished, how far ahead it
+  simulated, the estimates per basis and the size of the decision it started from;
+  ``peak_rss_with_simulation_mb``: peak RSS after all this (``peak_rss_mb`` is taken
+  after the cycles, before the simulation).
+
 Each size runs in its own subprocess (peak RSS of one size does not pollute the
 next): one warm-up cycle, then ``--runs`` measured cycles on the same input (the
-solver does not mutate it). Progress goes to stderr; the last line of stdout is one
-JSON list with an object per size:
-``{"pending", "nodes", "groups", "median_s", "min_s", "max_s", "peak_rss_mb", ...}``.
+solver does not mutate it; ``median_s``, ``min_s``, ``max_s`` and the breakdown are
+these cycles, without estimates), each paired with a cycle with estimates, then the
+simulation measurements. Progress goes to stderr; the last line of stdout is one JSON
+list with an object per size:
+``{"pending", "nodes", "groups", "median_s", "min_s", "max_s", "peak_rss_mb", ...,
+"estimate_overhead_ratio", "simulation_setup_s", "simulation_step_s",
+"estimate_coverage_1s", "estimate_coverage_steps", ...}``.
 
     uv run python scripts/bench/scheduler_cycle.py [--runs N] [--quick] [--profile DIR]
 
@@ -60,12 +85,18 @@ from lattice_common.types import (
     NodeCapabilities,
     NodeState,
     Tenant,
+    VCluster,
 )
+from lattice_common.watch import StateMirror
+from lattice_scheduler import estimate
+from lattice_scheduler.decide import CycleDecision, decide_vcluster
 from lattice_scheduler.solver import solve
 from lattice_scheduler.topology import TopologyModel
 
 SIZES = [(100, 1_000, 16), (500, 5_000, 64), (1_000, 10_000, 128)]
 GOALS_S = {1_000: 0.5, 5_000: 1.5, 10_000: 3.0}
+SIM_STEPS_PER_RUN = 3  # Simulation.step() calls timed per measured run
+COVERAGE_BUDGET_S = 1.0  # wall time given to one Simulation for estimate_coverage_*
 VCLUSTER = "hpc"
 NOW = 1_750_000_000.0
 H = 3600
@@ -299,6 +330,76 @@ def cycle(state: SimpleNamespace, depth: int = 10) -> dict[str, Any]:
     }
 
 
+def cycle_with_estimates(state: SimpleNamespace, depth: int) -> dict[str, Any]:
+    """The same cycle, plus what the live loop adds inside it for estimated start times:
+    ``estimate.from_decision`` on the cycle's decision (its proposals and reservations;
+    wrapping the solver's result as a ``CycleDecision`` is not timed, the live loop
+    gets one from ``decide_vcluster``)."""
+    c = cycle(state, depth)
+    res = c["result"]
+    d = CycleDecision(proposals=list(res.proposals), reservations=list(res.reservations))
+    t0 = time.perf_counter()
+    estimate.from_decision(d, NOW)
+    c["from_decision_s"] = time.perf_counter() - t0
+    c["total_s"] += c["from_decision_s"]
+    return c
+
+
+def mirror_of(state: SimpleNamespace, depth: int) -> StateMirror:
+    """The synthetic cluster as the scheduler's StateMirror (for ``decide_vcluster`` and
+    ``estimate.Simulation``); shares the node and allocation objects, which neither
+    changes."""
+    m = StateMirror()
+    m.nodes = state.nodes
+    m.allocations = state.allocations
+    m.tenants = state.tenants
+    m.vclusters = {VCLUSTER: VCluster(name=VCLUSTER, backfill_depth=depth)}
+    m.pending = dict(state.pending)
+    m.holding = dict(state.holding)
+    return m
+
+
+def simulation_run(m: StateMirror, decision: CycleDecision) -> dict[str, Any]:
+    """One measured Simulation: its setup, then up to SIM_STEPS_PER_RUN steps, each timed."""
+    t0 = time.perf_counter()
+    sim = estimate.Simulation(m, VCLUSTER, NOW, decision)
+    setup = time.perf_counter() - t0
+    steps: list[float] = []
+    while not sim.done and len(steps) < SIM_STEPS_PER_RUN:
+        t0 = time.perf_counter()
+        sim.step()
+        steps.append(time.perf_counter() - t0)
+    return {"setup_s": setup, "steps_s": steps}
+
+
+def estimate_coverage(m: StateMirror, decision: CycleDecision) -> dict[str, Any]:
+    """A fresh Simulation run for at most COVERAGE_BUDGET_S of wall time (checked between
+    steps, as the live loop's budget is): how much of the queue has an estimate then."""
+    t0 = time.perf_counter()
+    deadline = t0 + COVERAGE_BUDGET_S
+    sim = estimate.Simulation(m, VCLUSTER, NOW, decision)
+    steps = 0
+
+    def keep_going() -> bool:
+        nonlocal steps
+        if time.perf_counter() >= deadline:
+            return False
+        steps += 1  # run() steps once for every True
+        return True
+
+    est = sim.run(keep_going)
+    pending = [i for i in m.pending if m.allocations[i].spec.vcluster == VCLUSTER]
+    covered = sum(1 for i in pending if i in est)
+    return {
+        "coverage": covered / max(1, len(pending)),
+        "steps": steps,
+        "wall_s": time.perf_counter() - t0,
+        "done": sim.done,
+        "simulated_s": sim.t - NOW,
+        "bases": dict(Counter(est[i].estimate_basis for i in pending if i in est)),
+    }
+
+
 def child(
     pending: int, count: int, groups: int, *, runs: int, seed: int, depth: int, profile: str | None
 ) -> None:
@@ -318,8 +419,27 @@ def child(
     )
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     cycle(state, depth)  # warm-up
-    samples = [cycle(state, depth) for _ in range(runs)]
+    cycle_with_estimates(state, depth)
+    # estimates off / on, interleaved run by run (alternating which goes first)
+    samples: list[dict[str, Any]] = []
+    with_est: list[dict[str, Any]] = []
+    for i in range(runs):
+        if i % 2:
+            with_est.append(cycle_with_estimates(state, depth))
+            samples.append(cycle(state, depth))
+        else:
+            samples.append(cycle(state, depth))
+            with_est.append(cycle_with_estimates(state, depth))
+    peak_cycles = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     last = samples[-1]
+    # the scheduler's own decision on the same input, for the simulation
+    m = mirror_of(state, depth)
+    t0 = time.perf_counter()
+    decision = decide_vcluster(m, VCLUSTER, NOW)
+    decide_s = time.perf_counter() - t0
+    estimate.Simulation(m, VCLUSTER, NOW, decision).step()  # warm-up
+    sims = [simulation_run(m, decision) for _ in range(runs)]
+    coverage = estimate_coverage(m, decision)
     res = last["result"]
     prof_top: list[dict[str, Any]] = []
     if profile:
@@ -355,7 +475,7 @@ def child(
         "median_s": r(median(times), 4),
         "min_s": r(min(times), 4),
         "max_s": r(max(times), 4),
-        "peak_rss_mb": r(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": r(peak_cycles, 1),  # before the simulation measurements
         "rss_before_cycles_mb": r(rss_before, 1),
         "runs": runs,
         "backfill_depth": depth,
@@ -382,6 +502,35 @@ def child(
             "pending_reasons": dict(Counter(p.reason for p in res.pending)),
         },
     }
+    med_off = median(times)
+    med_on = median(s["total_s"] for s in with_est)
+    step_times = [x for s in sims for x in s["steps_s"]]
+    obj.update(
+        {
+            "estimate_overhead_ratio": r(med_on / med_off if med_off > 0 else None, 4),
+            "estimate_from_decision_s": r(median(s["from_decision_s"] for s in with_est), 6),
+            "decide_vcluster_s": r(decide_s, 4),
+            "simulation_setup_s": r(median(s["setup_s"] for s in sims), 4),
+            "simulation_step_s": r(median(step_times), 4),
+            "simulation_steps_timed": len(step_times),
+            "estimate_coverage_1s": r(coverage["coverage"], 4),
+            "estimate_coverage_steps": coverage["steps"],
+            "peak_rss_with_simulation_mb": r(
+                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1
+            ),
+            "estimate_coverage_detail": {
+                "wall_s": r(coverage["wall_s"], 3),
+                "done": coverage["done"],
+                "simulated_ahead_s": r(coverage["simulated_s"], 0),
+                "bases": coverage["bases"],
+                "decision": {
+                    "proposals": len(decision.proposals),
+                    "borrowed": len(decision.borrowed),
+                    "reservations": len(decision.reservations),
+                },
+            },
+        }
+    )
     if prof_top:
         obj["profile_top_cumulative"] = prof_top
     print(json.dumps(obj), flush=True)
@@ -422,6 +571,12 @@ def main() -> None:
         log(
             f"  median {obj['median_s']} s (min {obj['min_s']}, max {obj['max_s']}), "
             f"peak RSS {obj['peak_rss_mb']} MB, score={obj['score']}, outcome {obj['outcome']}"
+        )
+        log(
+            f"  estimates: overhead x{obj['estimate_overhead_ratio']}, simulation setup "
+            f"{obj['simulation_setup_s']} s, step {obj['simulation_step_s']} s, coverage "
+            f"{obj['estimate_coverage_1s']} after {obj['estimate_coverage_steps']} step(s) in "
+            f"{COVERAGE_BUDGET_S:g} s"
         )
         results.append(obj)
     sys.stdout.flush()

@@ -114,7 +114,7 @@ def test_the_simulation_leaves_the_callers_state_alone() -> None:
 
 
 def test_a_budget_that_runs_out_leaves_the_rest_without_estimates() -> None:
-    jobs = [b.allocation(id=f"j{i}", walltime_seconds=100, submitted_at=NOW - i) for i in range(6)]
+    jobs = [b.allocation(id=f"j{i}", walltime_seconds=100, submitted_at=NOW - i) for i in range(14)]
     m = full_cluster(*jobs)
     d = decide_vcluster(m, "v", NOW)
     sim = Simulation(m, "v", NOW, d)

@@ -8,8 +8,19 @@ Three sources, best first:
 * ``simulation``: a forward simulation of the rest of the queue with the decision
   function itself (:func:`lattice_scheduler.decide.decide_vcluster`, the one RM-Replay
   replays), in which every allocation holding nodes ends at the end of its walltime
-  (never, without one) and nothing new arrives. It steps from one expected end to the
-  next and stops at a horizon or when the caller's budget runs out.
+  (never, without one), a preemption victim releases its nodes
+  ``PREEMPTION_RELEASE_SECONDS`` after it was asked to checkpoint and goes back to the
+  queue (held back until its preemptor has started, as the live scheduler does), and
+  nothing new arrives. It decides at each expected end and, like the live loop, one
+  cycle interval after a decision that started or preempted something (a job just
+  started can be a victim at the next cycle); it stops at a horizon or when the
+  caller's budget runs out. A simulated start earlier than a
+  reservation (the allocation preempts its way in) replaces the reservation.
+
+A cycle that finds no free node skips the solver (``decide``'s shortcut), so it makes
+no reservation; the simulation then asks the solver for the reservations such a cycle
+would have made, so the top of a full cluster's queue is still estimated exactly as
+reserved.
 
 Everything here is pure except :class:`Simulation`'s own copy of the state: the live
 loop runs the simulation between cycles, step by step, and drops it when the next cycle
@@ -35,11 +46,15 @@ from lattice_common.types import (
 from lattice_common.watch import StateMirror
 
 from lattice_scheduler import decide
-from lattice_scheduler.solver import Proposal
+from lattice_scheduler.solver import Proposal, solve
 from lattice_scheduler.topology import TopologyModel
 
 DEFAULT_HORIZON_SECONDS = 14 * 86_400.0
 """How far the simulation looks ahead; allocations that would start later get none."""
+
+PREEMPTION_RELEASE_SECONDS = 60.0
+"""How long a preemption victim is expected to take to checkpoint and release its
+nodes (RM-Replay's default ``checkpoint_seconds``)."""
 
 INF = math.inf
 
@@ -107,7 +122,21 @@ class Simulation:
         self.topology = TopologyModel.from_nodes(sim.nodes)  # owners are read live
         self.home_pools = {n.home_vcluster for n in sim.nodes.values()}
         self.ends: dict[str, float] = {i: expected_end(m.allocations[i], now) for i in m.holding}
+        # victim -> its preemptor, for victims that go back to the queue when they end
+        self.requeue: dict[str, str] = {}
+        for i in m.holding:
+            a = m.allocations[i]
+            if a.state == AllocationState.CHECKPOINTING and a.preempted_by:
+                asked = a.checkpoint_hint_at if a.checkpoint_hint_at is not None else now
+                self._preempt(i, a.preempted_by, asked)
+        v = m.vclusters.get(vc)
+        self.cycle_interval = max(1.0, v.cycle_interval_seconds if v is not None else 5.0)
+        self.recheck: float | None = None
+        if decision.nothing_free:
+            self._reserve(decision, now)
         self._start([*decision.proposals, *decision.borrowed], now)
+        self._preemptions(decision.preemptions, now)
+        self._recheck_after(decision, now)
         self.waiting = {
             i
             for i in sim.pending
@@ -116,6 +145,36 @@ class Simulation:
         }
         self.t = now
         self.finished = not self.waiting
+
+    def _preempt(self, victim: str, preemptor: str, asked: float) -> None:
+        if victim in self.ends:
+            self.ends[victim] = max(
+                self.now, min(self.ends[victim], asked + PREEMPTION_RELEASE_SECONDS)
+            )
+            self.requeue[victim] = preemptor
+
+    def _preemptions(self, preemptions: Iterable[decide.Preemption], t: float) -> None:
+        for p in preemptions:
+            self._preempt(p.victim, p.preemptor, t)
+
+    def _reserve(self, decision: decide.CycleDecision, now: float) -> None:
+        """The reservations of a cycle that found no free node (it skipped the solver)."""
+        m, vc = self.m, self.vc
+        score = decide.scorer(m, vc, now, **self.budget_kw)
+        res = solve(
+            decision.queue,
+            m.nodes,
+            [m.allocations[i] for i in m.holding],
+            score=score,
+            now=now,
+            backfill_depth=decide.backfill_depth(m, vc),
+            vcluster=vc,
+            tenants=m.tenants,
+            topology=self.topology,
+        )
+        for r in res.reservations:
+            e = _estimate(r.start_time, ESTIMATE_RESERVATION, r.node_ids)
+            self.estimates.setdefault(r.allocation_id, e)
 
     def _reserved(self, aid: str) -> bool:
         return self.estimates[aid].estimate_basis == ESTIMATE_RESERVATION
@@ -145,9 +204,20 @@ class Simulation:
         for aid in [i for i, e in self.ends.items() if e <= t]:
             del self.ends[aid]
             a = m.allocations[aid]
-            m.allocations[aid] = msgspec.structs.replace(
-                a, state=AllocationState.COMPLETED, finished_at=t
-            )
+            preemptor = self.requeue.pop(aid, "")
+            if preemptor:  # back to the queue, held until its preemptor has started
+                m.allocations[aid] = msgspec.structs.replace(
+                    a,
+                    state=AllocationState.PENDING,
+                    preempted_by=preemptor,
+                    assigned_nodes=[],
+                    started_at=None,
+                )
+                m.pending[aid] = None
+            else:
+                m.allocations[aid] = msgspec.structs.replace(
+                    a, state=AllocationState.COMPLETED, finished_at=t
+                )
             m.holding.pop(aid, None)
             for nid in a.assigned_nodes:
                 n = m.nodes.get(nid)
@@ -155,10 +225,14 @@ class Simulation:
                     n.owner, n.owner_tenant, n.owner_vcluster = "", "", ""
 
     def step(self) -> None:
-        """Advance to the next expected end, free what ends then and decide once."""
+        """Advance to the next decision time (an expected end, or the cycle after a
+        decision that changed something), free what ends then and decide once."""
         if self.finished:
             return
         nxt = min(self.ends.values(), default=INF)
+        if self.recheck is not None and self.recheck < nxt:
+            nxt = self.recheck
+        self.recheck = None
         if nxt == INF or nxt > self.limit:
             self.finished = True
             return
@@ -169,7 +243,6 @@ class Simulation:
             self.vc,
             nxt,
             topology=self.topology,
-            exclude=(),
             home_pools=self.home_pools,
             **self.budget_kw,
         )
@@ -178,11 +251,22 @@ class Simulation:
             aid = p.allocation_id
             if aid in self.waiting:
                 self.waiting.discard(aid)
-                if aid not in self.estimates:  # a reservation stays as reserved
+                known = self.estimates.get(aid)
+                # a reservation stays as reserved, unless preemption lets it in earlier
+                if known is None or (known.estimated_start or INF) > round(nxt):
                     self.estimates[aid] = _estimate(nxt, ESTIMATE_SIMULATION, p.node_ids)
         self._start(started, nxt)
+        self._preemptions(d.preemptions, nxt)
+        self._recheck_after(d, nxt)
         if not self.waiting:
             self.finished = True
+
+    def _recheck_after(self, d: decide.CycleDecision, t: float) -> None:
+        """A decision that started or preempted something changes what the next cycle
+        may do (a just-started allocation can be a preemption victim): the live loop
+        decides again one cycle interval later, and so does the simulation."""
+        if d.proposals or d.borrowed or d.preemptions:
+            self.recheck = t + self.cycle_interval
 
     def run(self, keep_going: Callable[[], bool] = lambda: True) -> dict[str, StartEstimate]:
         """Step until done or until ``keep_going()`` says stop; the estimates so far."""
@@ -226,6 +310,7 @@ def changed(
 
 __all__ = [
     "DEFAULT_HORIZON_SECONDS",
+    "PREEMPTION_RELEASE_SECONDS",
     "Simulation",
     "changed",
     "estimate_starts",
