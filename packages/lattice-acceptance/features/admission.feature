@@ -59,6 +59,16 @@ Feature: Admission, waiting and start estimates
     Then lattice answers "Would start at" and "Nothing was submitted."
     And no allocation was stored
 
+  Scenario: A wide job starts when the jobs ahead reach their walltimes, as estimated, and a short job backfills now
+    Given a Lattice cluster with 4 nodes
+    And jobs "hold-1", "hold-2" and "hold-3" with walltimes of 20s, 25s and 30s run until their walltime stops them
+    When I submit a job "wide" that needs 4 nodes with a walltime of 1m
+    Then the estimated start of "wide" is when "hold-3" reaches its walltime, held as a reservation
+    And lattice submit --test-only says a 1-node job with a walltime of 10s would start now
+    When I submit the 1-node job "short" with a walltime of 10s
+    Then "short" starts at once on the free node
+    And "wide" starts on all 4 nodes within a few seconds of its estimated start
+
   Scenario: The queue view shows every user where their jobs stand
     Given a Lattice cluster with 1 node
     And jobs "hold-1" with a walltime of 2m hold the node until released

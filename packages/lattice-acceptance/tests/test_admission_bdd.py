@@ -350,6 +350,83 @@ def status_estimated_line(world: World, name: str) -> None:
     assert re.search(r"\d\d:\d\d", shown) and "estimate:" in shown, shown
 
 
+@given(
+    parsers.re(
+        r'jobs (?P<names>"[^"]+"(?:, "[^"]+")* and "[^"]+") with walltimes of '
+        r"(?P<walltimes>\S+(?:, \S+)* and \S+) run until their walltime stops them"
+    )
+)
+def walltime_holders(world: World, names: str, walltimes: str) -> None:
+    """Jobs that would run forever: the agent ends each at its walltime, on time."""
+    ws = re.split(r", | and ", walltimes)
+    jobs = [
+        world.submit(n, directives=(f"--walltime={w}",), until_released=True)
+        for n, w in zip(re.findall(r'"([^"]+)"', names), ws, strict=True)
+    ]
+    for job in jobs:
+        world.wait_running(job)
+
+
+@then(
+    parsers.parse(
+        'the estimated start of "{name}" is when "{holder}" reaches its walltime, held as a '
+        "reservation"
+    )
+)
+def estimate_is_reservation(world: World, name: str, holder: str) -> None:
+    h = world.get(holder)
+    expected = h["started_at"] + h["spec"]["walltime_seconds"]
+    a = world.cluster.wait_for(
+        f"a reservation estimate for {name}",
+        lambda: (x := world.get(name)).get("estimate_basis") == "reservation" and x,
+        timeout=TIMEOUT,
+    )
+    assert abs(float(a["estimated_start"]) - expected) <= ESTIMATE_SLACK, (a, expected)
+    world.current = world.jobs[name]
+
+
+@then(
+    parsers.parse(
+        "lattice submit --test-only says a {nodes:d}-node job with a walltime of {wt} would "
+        "start now"
+    )
+)
+def says_it_would_start_now(world: World, nodes: int, wt: str) -> None:
+    before = _listed_ids(world)
+    r = world.cli("submit", "--test-only", f"--nodes={nodes}", f"--walltime={wt}", "--", "true")
+    assert r.stdout.startswith(f"Would start now on {nodes} node"), _show(r)
+    assert _listed_ids(world) == before
+
+
+@when(parsers.parse('I submit the {nodes:d}-node job "{name}" with a walltime of {wt}'))
+def submit_short(world: World, nodes: int, name: str, wt: str) -> None:
+    _submit_cli(world, name, f"--walltime={wt}", f"--nodes={nodes}")
+
+
+@then(parsers.parse('"{name}" starts at once on the free node'))
+def starts_at_once(world: World, name: str) -> None:
+    a = world.wait_running(world.jobs[name])
+    assert a["started_at"] - a["submitted_at"] < 10.0, a
+    held = {n for j in ("hold-1", "hold-2", "hold-3") for n in world.get(j)["assigned_nodes"]}
+    assert not set(a["assigned_nodes"]) & held, (a, held)
+
+
+@then(
+    parsers.parse(
+        '"{name}" starts on all {count:d} nodes within a few seconds of its estimated start'
+    )
+)
+def starts_as_estimated(world: World, name: str, count: int) -> None:
+    estimated = float(world.get(name)["estimated_start"])
+    a = world.cluster.wait_for(
+        f"{name} started",
+        lambda: (x := world.get(name)).get("started_at") and x,
+        timeout=TIMEOUT + 40,
+    )
+    assert len(a["assigned_nodes"]) == count, a
+    assert abs(a["started_at"] - estimated) <= ESTIMATE_SLACK, (a["started_at"], estimated)
+
+
 # --------------------------------------------------------------------------- queue
 
 
