@@ -42,6 +42,15 @@ Feature: Admission, waiting and start estimates
     When I release "capped-hold"
     Then "capped-next" ends Completed
 
+  Scenario: When nodes are disabled under a waiting job, it says so with the numbers
+    Given a Lattice cluster with 2 nodes
+    And a job "hold-1" with a walltime of 2m holds one of the nodes until released
+    And I have a job "pair" that needs 2 nodes waiting Pending
+    When the operator disables the idle node
+    Then lattice status of "pair" eventually shows the pending reason "no nodes matching constraints: needs 2 nodes, vCluster default has 1 that match (1 more down or disabled)"
+    When the operator enables the node again and I release "hold-1"
+    Then "pair" ends Completed
+
   Scenario: Asking when a job would start on an idle cluster submits nothing
     Given a Lattice cluster with 2 nodes
     When I ask lattice submit --test-only when a 1-node job would start

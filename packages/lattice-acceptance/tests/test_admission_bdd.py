@@ -427,6 +427,43 @@ def starts_as_estimated(world: World, name: str, count: int) -> None:
     assert abs(a["started_at"] - estimated) <= ESTIMATE_SLACK, (a["started_at"], estimated)
 
 
+@given(
+    parsers.parse('a job "{name}" with a walltime of {wt} holds one of the nodes until released')
+)
+def one_holder(world: World, name: str, wt: str) -> None:
+    world.wait_running(world.submit(name, directives=(f"--walltime={wt}",), until_released=True))
+
+
+@given(parsers.parse('I have a job "{name}" that needs {nodes:d} nodes waiting Pending'))
+def wide_waiting(world: World, name: str, nodes: int) -> None:
+    job = _submit_cli(world, name, "--walltime=1m", f"--nodes={nodes}")
+    assert world.wait_considered(job)["state"] == "Pending"
+
+
+@when("the operator disables the idle node")
+def disable_idle_node(world: World) -> None:
+    (idle,) = [n["id"] for n in world.cluster.nodes() if not n["owner"]]
+    world.node = idle
+    world.cli("node", "disable", idle, "--yes", "--reason", "maintenance", user="admin")
+
+
+@then(parsers.parse('lattice status of "{name}" eventually shows the pending reason "{reason}"'))
+def eventually_reason(world: World, name: str, reason: str) -> None:
+    job = world.jobs[name]
+    world.cluster.wait_for(
+        f"the pending reason of {name}: {reason}",
+        lambda: world.get(name).get("pending_reason") == reason,
+        timeout=TIMEOUT,
+    )
+    assert world.status_field(job.id, "Pending reason") == reason
+
+
+@when(parsers.parse('the operator enables the node again and I release "{name}"'))
+def enable_and_release(world: World, name: str) -> None:
+    world.cli("node", "enable", world.node, user="admin")
+    world.release(name)
+
+
 # --------------------------------------------------------------------------- queue
 
 

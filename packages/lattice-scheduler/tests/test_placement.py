@@ -492,3 +492,27 @@ def test_pick_nodes_uses_the_fewest_groups(candidates: list[Node], count: int) -
         sizes = Counter(n.group for n in candidates)
         g = chosen[0].group
         assert all(size >= sizes[g] or size < count for size in sizes.values())
+
+
+def test_with_nothing_free_a_job_that_outgrew_the_pool_says_so_with_the_numbers() -> None:
+    """A cycle with no free node still tells a job that the pool shrank below it:
+    disabled and down nodes are not usable now, but are said to exist."""
+    from lattice_scheduler import reasons
+
+    busy = b.node("n1", owner="x")
+    gone = b.node("n2", disabled=True)
+    down = b.node("n3", state=NodeState.DOWN)
+    a = b.allocation(id="a", nodes=3, vcluster="v")
+    _, waiting = plan_cycle(
+        vcluster="v",
+        allocations={"a": a},
+        nodes={n.id: n for n in (busy, gone, down)},
+        tenants={},
+    )
+    assert [(w.reason, w.text) for w in waiting] == [
+        (
+            reasons.NO_MATCH,
+            "no nodes matching constraints: needs 3 nodes, vCluster v has 1 that match "
+            "(2 more down or disabled)",
+        )
+    ]

@@ -108,25 +108,31 @@ def plan_cycle(
     if not pending_unsorted:
         return [], []
     pending = order_fifo(pending_unsorted) if fifo else order_pending(pending_unsorted, score)
-    usable_cache: dict[tuple[object, ...], int] = {}
+    usable_cache: dict[tuple[object, ...], tuple[int, int]] = {}
 
     def not_now(a: Allocation) -> Pending:
-        """Occupied (will run later) or impossible here (too few usable nodes at all)."""
+        """Occupied (will run later) or impossible here (too few usable nodes at all),
+        counted as the solver does: down, failed and disabled nodes are not usable now
+        but are said to exist (they may come back)."""
         c = a.spec.constraints
         key = (c.gpu_type, c.gpu_count, tuple(c.features), c.memory_gb)
-        usable = usable_cache.get(key)
-        if usable is None:
-            usable = usable_cache[key] = sum(
-                1
-                for n in nodes.values()
-                if n.state not in (NodeState.DOWN, NodeState.FAILED)
-                and n.home_vcluster in ("", vcluster)
-                and node_satisfies(n, a.spec)
-            )
+        counts = usable_cache.get(key)
+        if counts is None:
+            usable = unusable = 0
+            for n in nodes.values():
+                if n.home_vcluster not in ("", vcluster) or not node_satisfies(n, a.spec):
+                    continue
+                if n.disabled or n.state in (NodeState.DOWN, NodeState.FAILED):
+                    unusable += 1
+                elif not n.claimed_by:
+                    usable += 1
+            counts = usable_cache[key] = (usable, unusable)
+        usable, unusable = counts
         if usable >= a.spec.nodes:
             return Pending(a.id, REASON_OCCUPIED)
-        detail = reasons.too_few_nodes(a.spec.nodes, vcluster, usable, 0)
-        return Pending(a.id, REASON_NO_MATCH, detail)
+        detail = reasons.too_few_nodes(a.spec.nodes, vcluster, usable, unusable)
+        kind = reasons.WAITING_FOR_CAPACITY if a.spec.wait_for_capacity else REASON_NO_MATCH
+        return Pending(a.id, kind, detail)
 
     free = [n for n in nodes.values() if eligible(n, vcluster)]
     if not free:  # nothing can start this cycle
