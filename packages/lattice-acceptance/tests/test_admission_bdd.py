@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lattice_acceptance.steps import *  # noqa: F403 (shared step definitions)
 from lattice_acceptance.world import TIMEOUT, Job, assert_rejected
 from lattice_acceptance.world import World as ClusterWorld
 from lattice_acceptance.world import show as _show
@@ -75,14 +76,6 @@ def _submit_cli(world: World, name: str, *flags: str, user: str = "tester") -> J
 @given(parsers.re(r"a Lattice cluster with (?P<count>\d+) nodes?"))
 def lattice_cluster(world: World, count: str) -> None:
     world.start_cluster(int(count))
-
-
-@given(parsers.parse('the administrator creates the tenant "{name}" with at most {count:d} node'))
-def tenant_with_max_nodes(world: World, name: str, count: int) -> None:
-    r = world.cli(
-        "admin", "tenant", "create", "--name", name, "--max-nodes", str(count), user="admin"
-    )
-    assert r.stdout.strip() == f"Created tenant {name}", _show(r)
 
 
 # --------------------------------------------------------------------------- refusals
@@ -220,14 +213,6 @@ def runs_on_all_nodes(world: World, name: str, count: int) -> None:
 
 
 # --------------------------------------------------------------------------- quota reason
-
-
-@given(parsers.parse('a job "{name}" of tenant "{tenant}" that runs until released'))
-def tenant_job_until_released(world: World, name: str, tenant: str) -> None:
-    job = world.submit(
-        name, directives=("--walltime=5m", f"--tenant={tenant}"), until_released=True
-    )
-    world.wait_running(job)
 
 
 @when(parsers.parse('I submit a job "{name}" of tenant "{tenant}"'))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from lattice_acceptance.steps import *  # noqa: F403 (shared step definitions)
 from lattice_acceptance.world import TIMEOUT, Job, assert_hint_line, log_lines
 from lattice_acceptance.world import World as ClusterWorld
 from lattice_acceptance.world import show as _show
@@ -475,22 +476,6 @@ def stays_pending_beside_idle_node(world: World) -> None:
         assert world.cluster.get(job.id)["state"] == "Pending"
 
     world.observe(f"{job.id} Pending", check)
-
-
-@given(parsers.parse('the administrator creates the tenant "{name}" with at most {count:d} node'))
-def tenant_with_max_nodes(world: World, name: str, count: int) -> None:
-    r = world.cli(
-        "admin", "tenant", "create", "--name", name, "--max-nodes", str(count), user="admin"
-    )
-    assert r.stdout.strip() == f"Created tenant {name}", _show(r)
-
-
-@given(parsers.parse('a job "{name}" of tenant "{tenant}" that runs until released'))
-def tenant_job_until_released(world: World, name: str, tenant: str) -> None:
-    job = world.submit(
-        name, directives=("--walltime=5m", f"--tenant={tenant}"), until_released=True
-    )
-    world.wait_running(job)
 
 
 @then(parsers.parse('the job stays Pending while "{name}" runs'))
