@@ -132,8 +132,8 @@ class Simulation:
         v = m.vclusters.get(vc)
         self.cycle_interval = max(1.0, v.cycle_interval_seconds if v is not None else 5.0)
         self.recheck: float | None = None
-        if decision.nothing_free:
-            self._reserve(decision, now)
+        if decision.nothing_free and any(e < INF for e in self.ends.values()):
+            self._reserve(decision, now)  # (nothing ever ends: no reservation to make)
         self._start([*decision.proposals, *decision.borrowed], now)
         self._preemptions(decision.preemptions, now)
         self._recheck_after(decision, now)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 
 from lattice_common import commands as c
@@ -84,6 +85,9 @@ ESTIMATE_DURATION = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30),
 )
 
+ESTIMATE_GAP = 2.0  # seconds between two simulations, at least
+ESTIMATE_OVERDUE = 30.0  # seconds after which a simulation no longer waits for quiet
+
 ESTIMATE_FAILURES = Counter(
     "lattice_scheduling_estimate_failures_total",
     "Forward simulations for start estimates that failed (no estimates published)",
@@ -123,6 +127,11 @@ class Scheduler:
         self._simulations: list[tuple[str, float, decide.CycleDecision]] = []
         # CPU the simulations may take per cycle interval (the rest stays idle)
         self.estimate_budget = min(estimate_budget_seconds, 0.2 * cycle_interval)
+        # simulate only once the loop has been quiet this long (a busy scheduler spends
+        # its time deciding), at most once per ESTIMATE_GAP, and regardless of quiet
+        # once ESTIMATE_OVERDUE has passed without one
+        self.estimate_quiet = min(1.0, 0.5 * cycle_interval)
+        self._last_estimate = -math.inf
         self._estimating: asyncio.Task[None] | None = None
 
     def poke(self) -> None:
@@ -206,13 +215,7 @@ class Scheduler:
             if proposals:
                 await self._assign(vc, proposals, rev)
             await self._preempt(vc, d.preemptions)
-            # what this cycle starts leaves Pending anyway: only reservations are news
-            starts = {
-                aid: e
-                for aid, e in (estimate.from_decision(d, now) if self.estimates else {}).items()
-                if e.estimate_basis != ESTIMATE_NOW
-            }
-            await self._publish_reasons(d.waiting, starts)
+            await self._publish_reasons(d.waiting)
             CYCLE.labels(vc).observe(time.perf_counter() - t0)
             if self.estimates and d.queue:
                 self._simulations.append((vc, now, d))
@@ -298,8 +301,15 @@ class Scheduler:
             log.info("could not publish pending reasons: %s", e.message)
 
     async def _estimate(self) -> None:
-        """:meth:`_simulate`, whose failure costs the estimates, never the scheduler:
-        logged and counted."""
+        """:meth:`_simulate` once the loop has been quiet (see ``estimate_quiet``); its
+        failure costs the estimates, never the scheduler: logged and counted. A new
+        cycle cancels it, the quiet wait included."""
+        since = time.monotonic() - self._last_estimate
+        wait = 0.0 if since > ESTIMATE_OVERDUE else self.estimate_quiet
+        wait = max(wait, ESTIMATE_GAP - since)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self._last_estimate = time.monotonic()
         try:
             await self._simulate()
         except asyncio.CancelledError:

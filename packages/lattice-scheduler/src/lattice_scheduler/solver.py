@@ -967,7 +967,7 @@ def solve(
             )
             continue
         blocked_above = True
-        detail = ""
+        result.pending.append(Pending(a.id, REASON_OCCUPIED))
         if depth_left > 0:
             found = cyc.reserve(v, k, mode=mode, require_conformance=need_conf, max_span=max_span)
             if found is not None:
@@ -978,13 +978,7 @@ def solve(
                 r_end = start + w if w > 0 else INF
                 cyc.hold_for(reserved, start, r_end)
                 result.reservations.append(Reservation(a.id, start, tuple(reserved), r_end))
-                detail = reasons.reserved_for_it(k, start, now)
-        if not detail and v.free_any >= k and result.reservations:
-            # enough idle nodes, but they are held for a reservation that starts before
-            # this allocation would end
-            r = result.reservations[0]
-            detail = reasons.reserved_for_other(r.allocation_id, len(r.node_ids), r.start_time, now)
-        result.pending.append(Pending(a.id, REASON_OCCUPIED, detail))
+
     return result
 
 
