@@ -1,0 +1,48 @@
+"""Native PMI server core for the node agent (ADR-010): MPI wire-up without ssh.
+
+``wire`` parses/formats PMI-1 lines and PMI-2 frames; ``kvs`` is the pure
+per-launch state machine.  A socket shell (PMI_FD per rank) and the
+cross-node fence are layered on top of these.
+"""
+
+from lattice_agent.pmi.kvs import (
+    Abort,
+    Action,
+    Close,
+    FenceReady,
+    Launch,
+    PmiStateError,
+    Reply,
+    abort_exit_status,
+    block_process_mapping,
+)
+from lattice_agent.pmi.wire import (
+    Message,
+    PmiDecoder,
+    PmiProtocolError,
+    format_pmi1,
+    format_pmi2,
+    parse_pmi1_line,
+    parse_pmi2_body,
+    parse_pmi2_frame,
+)
+
+__all__ = [
+    "Abort",
+    "Action",
+    "Close",
+    "FenceReady",
+    "Launch",
+    "Message",
+    "PmiDecoder",
+    "PmiProtocolError",
+    "PmiStateError",
+    "Reply",
+    "abort_exit_status",
+    "block_process_mapping",
+    "format_pmi1",
+    "format_pmi2",
+    "parse_pmi1_line",
+    "parse_pmi2_body",
+    "parse_pmi2_frame",
+]
