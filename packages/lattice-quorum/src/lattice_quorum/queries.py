@@ -146,13 +146,14 @@ def vcluster(s: GlobalState, name: str) -> VCluster | None:
 def admit(s: GlobalState, check: Callable[..., T], spec: Any) -> T:
     """``check(spec, nodes=, tenants=, vclusters=, allocations=)`` over the live state,
     without copying it (lattice_scheduler.admission.check: read-only, raises to
-    refuse); ``allocations`` are those holding nodes."""
+    refuse); ``allocations``, those holding nodes, is a lazy iterable that the check
+    reads only to word a refusal (it runs under the read lock)."""
     return check(
         spec,
         nodes=s.nodes,
         tenants=s.tenants,
         vclusters=s.vclusters,
-        allocations=[s.allocations[i] for i in s.active],
+        allocations=(s.allocations[i] for i in s.active),
     )
 
 
