@@ -91,3 +91,18 @@ def test_queue_of_an_unknown_vcluster_says_how_to_list_them(api, monkeypatch):
     r = run("queue", "nope")
     assert r.exit_code != 0
     assert 'vCluster "nope" not found' in r.output and "lattice admin vcluster list" in r.output
+
+
+def test_test_only_on_a_full_cluster_says_when_and_where_in_the_queue(api, monkeypatch):
+    setup(api, monkeypatch, nodes=0)
+    api.running(["nid001"], ran=600.0)  # 24 h walltime: the node frees in ~23 h 50 min
+    api.pending(age=50)  # one job already waiting, ahead of a newcomer
+    before = api.allocation_ids()
+    r = run("submit", "--test-only", "-t", "1h", "--", "hostname")
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("Would start at ")
+    # the running job frees the node in 23 h 50 min, then the waiting job runs its 24 h
+    assert "(in 47:4" in r.output or "(in 47:5" in r.output, r.output
+    assert "Queue position: 2" in r.output
+    assert "Pending reason: all suitable nodes occupied" in r.output
+    assert api.allocation_ids() == before

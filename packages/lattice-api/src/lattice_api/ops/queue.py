@@ -52,6 +52,16 @@ class QueueOps:
     def _decide(self, m: StateMirror, vc: str, now: float) -> decide.CycleDecision:
         return decide.decide_vcluster(m, vc, now, budget_period_days=self.budget_period_days)
 
+    def _scores(
+        self, m: StateMirror, vc: str, now: float, d: decide.CycleDecision
+    ) -> dict[str, float]:
+        """The decision's scores; a cycle with no free node skips the solver and does
+        not score, so those are worked out here (the order it would consider)."""
+        if d.scores:
+            return dict(d.scores)
+        score = decide.scorer(m, vc, now, budget_period_days=self.budget_period_days)
+        return {a.id: float(score(a)) for a in d.queue}
+
     # --- test-only submission ------------------------------------------------------
 
     def test_only(self, spec: AllocationSpec) -> StartEstimate:
@@ -66,7 +76,7 @@ class QueueOps:
             m, spec.vcluster, now, d, budget_period_days=self.budget_period_days
         )
         got = sim.run(_deadline(SIMULATION_SECONDS)).get(a.id)
-        order = decide.solver_order(d.queue, d.scores) if d.scores else ()
+        order = decide.solver_order(d.queue, self._scores(m, spec.vcluster, now, d))
         reason = next((w.text for w in d.waiting if w.allocation_id == a.id), "")
         base = got or StartEstimate()
         return msgspec.structs.replace(
@@ -97,11 +107,8 @@ class QueueOps:
         )
         weights = v.weights if v is not None else CostWeights()
         fifo = v is not None and v.scheduler_type == SchedulerType.INTERACTIVE_FIFO
-        scores = d.scores
-        if not scores and not fifo:  # a cycle with nothing free does not score
-            score = decide.scorer(m, vcluster, now, ctx)
-            scores = {a.id: float(score(a)) for a in d.queue}
-        order = decide.solver_order(d.queue, scores or {a.id: 0.0 for a in d.queue})
+        scores = self._scores(m, vcluster, now, d)
+        order = decide.solver_order(d.queue, scores)
         in_queue = {a.id: a for a in d.queue}
         # held back (task-group limits, preempted victims): after the solver's queue
         rest = sorted(
