@@ -16,6 +16,14 @@ from lattice_agent.pmi.kvs import (
     abort_exit_status,
     block_process_mapping,
 )
+from lattice_agent.pmi.server import (
+    FENCE_TIMEOUT_REASON,
+    FenceFn,
+    LaunchResult,
+    LocalLaunch,
+    OutputLine,
+    local_fence,
+)
 from lattice_agent.pmi.wire import (
     Message,
     PmiDecoder,
@@ -28,12 +36,17 @@ from lattice_agent.pmi.wire import (
 )
 
 __all__ = [
+    "FENCE_TIMEOUT_REASON",
     "Abort",
     "Action",
     "Close",
+    "FenceFn",
     "FenceReady",
     "Launch",
+    "LaunchResult",
+    "LocalLaunch",
     "Message",
+    "OutputLine",
     "PmiDecoder",
     "PmiProtocolError",
     "PmiStateError",
@@ -42,6 +55,7 @@ __all__ = [
     "block_process_mapping",
     "format_pmi1",
     "format_pmi2",
+    "local_fence",
     "parse_pmi1_line",
     "parse_pmi2_body",
     "parse_pmi2_frame",
