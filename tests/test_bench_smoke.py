@@ -21,6 +21,7 @@ EXPECTED = {
     "job_throughput.py": {"agents", "jobs_per_s"},
     "cli_latency.py": {"queued", "status_p50_ms"},
     "scheduler_cycle.py": {"pending", "nodes", "median_s", "peak_rss_mb"},
+    "pmi_fence.py": {"fence_ms", "fanout_256_ms"},
 }
 
 

@@ -1,7 +1,8 @@
 """NodeAgentService as served by each agent: live logs for the API.
 
-RPCs of the contract that later work builds (attach, launch, PMI fence, abort)
-answer UNIMPLEMENTED naming the RPC.
+PmiFence serves the cross-node fences this agent heads (``pmi.fence``); the
+RPCs of the contract that later work builds (attach, launch, abort) answer
+UNIMPLEMENTED naming the RPC.
 """
 
 from __future__ import annotations
@@ -13,14 +14,31 @@ import grpclib
 from grpclib.const import Status
 from lattice_common.proto.lattice import v1
 
+from lattice_agent.pmi.fence import (
+    DuplicateContribution,
+    EpochMismatch,
+    FenceAborted,
+    FenceError,
+    FenceRegistry,
+    FenceTimeout,
+    UnknownNode,
+)
 from lattice_agent.runtime import ProcessRuntime
 
 
 class NodeAgentService(v1.NodeAgentServiceBase):
-    def __init__(self, node_id: str, runtime: ProcessRuntime, log_dir: Path) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        runtime: ProcessRuntime,
+        log_dir: Path,
+        fences: FenceRegistry | None = None,
+    ) -> None:
         self.node_id = node_id
         self.runtime = runtime
         self.log_dir = log_dir
+        #: the cross-node PMI fences this agent heads
+        self.fences = fences if fences is not None else FenceRegistry()
 
     async def stream_logs(self, message: v1.LogRequest) -> AsyncIterator[v1.LogLine]:
         """``tail`` < 0 (or 0 without follow): all history; N > 0: the last N lines."""
@@ -58,9 +76,32 @@ class NodeAgentService(v1.NodeAgentServiceBase):
         )
 
     async def pmi_fence(self, message: v1.PmiFenceRequest) -> v1.PmiFenceResponse:
-        raise grpclib.GRPCError(
-            Status.UNIMPLEMENTED, "NodeAgentService.PmiFence is not implemented yet"
-        )
+        """One node's contribution to a fence this agent heads; answers the merged KVS.
+
+        Only launches registered in ``self.fences`` are served: a fence for any
+        other launch is NOT_FOUND, so a caller cannot plant keys in a launch
+        that this agent does not head.
+        """
+        coordinator = self.fences.get(message.allocation_id, message.task_id)
+        if coordinator is None:
+            raise grpclib.GRPCError(
+                Status.NOT_FOUND,
+                f"node {self.node_id!r} heads no PMI fence for launch {message.task_id!r} "
+                f"of allocation {message.allocation_id!r}",
+            )
+        try:
+            kvs = await coordinator.contribute(message.epoch, message.node_id, message.kvs)
+        except FenceTimeout as e:
+            raise grpclib.GRPCError(Status.DEADLINE_EXCEEDED, str(e)) from e
+        except FenceAborted as e:
+            raise grpclib.GRPCError(Status.ABORTED, str(e)) from e
+        except UnknownNode as e:
+            raise grpclib.GRPCError(Status.INVALID_ARGUMENT, str(e)) from e
+        except (EpochMismatch, DuplicateContribution) as e:
+            raise grpclib.GRPCError(Status.FAILED_PRECONDITION, str(e)) from e
+        except FenceError as e:
+            raise grpclib.GRPCError(Status.FAILED_PRECONDITION, str(e)) from e
+        return v1.PmiFenceResponse(epoch=message.epoch, kvs=kvs)
 
     async def abort(self, message: v1.AbortRequest) -> v1.AbortResponse:
         raise grpclib.GRPCError(

@@ -1,10 +1,20 @@
 """Native PMI server core for the node agent (ADR-010): MPI wire-up without ssh.
 
 ``wire`` parses/formats PMI-1 lines and PMI-2 frames; ``kvs`` is the pure
-per-launch state machine.  A socket shell (PMI_FD per rank) and the
-cross-node fence are layered on top of these.
+per-launch state machine; ``server`` is the socket shell (PMI_FD per rank)
+and ``fence`` the head agent's side of the cross-node fence.
 """
 
+from lattice_agent.pmi.fence import (
+    DuplicateContribution,
+    EpochMismatch,
+    FenceAborted,
+    FenceCoordinator,
+    FenceError,
+    FenceRegistry,
+    FenceTimeout,
+    UnknownNode,
+)
 from lattice_agent.pmi.kvs import (
     Abort,
     Action,
@@ -40,8 +50,15 @@ __all__ = [
     "Abort",
     "Action",
     "Close",
+    "DuplicateContribution",
+    "EpochMismatch",
+    "FenceAborted",
+    "FenceCoordinator",
+    "FenceError",
     "FenceFn",
     "FenceReady",
+    "FenceRegistry",
+    "FenceTimeout",
     "Launch",
     "LaunchResult",
     "LocalLaunch",
@@ -51,6 +68,7 @@ __all__ = [
     "PmiProtocolError",
     "PmiStateError",
     "Reply",
+    "UnknownNode",
     "abort_exit_status",
     "block_process_mapping",
     "format_pmi1",

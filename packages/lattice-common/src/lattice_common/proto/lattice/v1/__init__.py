@@ -2787,7 +2787,7 @@ class PmiFenceResponse(betterproto2.Message):
         map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
     )
     """
-    all pairs of the launch after the fence
+    the pairs every node put for this fence (each agent keeps the launch's whole space)
     """
 
 
