@@ -11,13 +11,11 @@ server.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import threading
 from pathlib import Path
 
-import pytest
 from lattice_agent.pmi import (
     Abort,
     Close,
@@ -28,29 +26,9 @@ from lattice_agent.pmi import (
     Reply,
     block_process_mapping,
 )
+from mpi_programs import ALLREDUCE, compile_mpi, needs_mpicc
 
-MPICC = shutil.which("mpicc")
-pytestmark = pytest.mark.skipif(
-    MPICC is None,
-    reason="mpicc not installed (apt-get install mpich libmpich-dev to run the real-MPICH PMI test)",
-)
-
-PROGRAM = r"""
-#include <mpi.h>
-#include <stdio.h>
-int main(int argc, char **argv) {
-    int rank, size, sum = 0;
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    int mine = rank + 1;
-    MPI_Allreduce(&mine, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    printf("rank=%d size=%d sum=%d\n", rank, size, sum);
-    fflush(stdout);
-    MPI_Finalize();
-    return 0;
-}
-"""
+pytestmark = needs_mpicc
 
 
 class MiniShell:
@@ -154,13 +132,7 @@ def _run_ranks(binary: Path, size: int, extra_env: dict[str, str]) -> tuple[Mini
 
 
 def test_real_mpich_two_ranks_allreduce(tmp_path: Path) -> None:
-    assert MPICC is not None
-    src = tmp_path / "hello.c"
-    src.write_text(PROGRAM)
-    binary = tmp_path / "hello"
-    subprocess.run(
-        [MPICC, str(src), "-o", str(binary)], check=True, capture_output=True, timeout=120
-    )
+    binary = compile_mpi(tmp_path, "hello", ALLREDUCE)
 
     shell, outputs = _run_ranks(binary, 2, {})
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,57 +17,7 @@ import pytest
 from lattice_agent.pmi import FenceReady
 from lattice_agent.pmi.server import FENCE_TIMEOUT_REASON, LaunchResult, LocalLaunch, OutputLine
 from lattice_agent.procgroup import group_members
-
-MPICC = shutil.which("mpicc")
-needs_mpicc = pytest.mark.skipif(
-    MPICC is None,
-    reason="mpicc not installed (apt-get install mpich libmpich-dev to run the real-MPICH tests)",
-)
-
-ALLREDUCE = r"""
-#include <mpi.h>
-#include <stdio.h>
-int main(int argc, char **argv) {
-    int rank, size, sum = 0;
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    int mine = rank + 1;
-    MPI_Allreduce(&mine, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    printf("rank=%d size=%d sum=%d\n", rank, size, sum);
-    fflush(stdout);
-    MPI_Finalize();
-    return 0;
-}
-"""
-
-ABORT = r"""
-#include <mpi.h>
-#include <stdio.h>
-int main(int argc, char **argv) {
-    int rank, x = 0;
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 1) {
-        MPI_Abort(MPI_COMM_WORLD, 7);
-    }
-    /* never satisfied: rank 1 aborts instead of sending */
-    MPI_Recv(&x, 1, MPI_INT, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    MPI_Finalize();
-    return 0;
-}
-"""
-
-
-def _compile(tmp_path: Path, name: str, source: str) -> Path:
-    assert MPICC is not None
-    src = tmp_path / f"{name}.c"
-    src.write_text(source)
-    binary = tmp_path / name
-    subprocess.run(
-        [MPICC, str(src), "-o", str(binary)], check=True, capture_output=True, timeout=120
-    )
-    return binary
+from mpi_programs import ABORT, ALLREDUCE, compile_mpi, needs_mpicc
 
 
 def _assert_no_rank_left(result: LaunchResult) -> None:
@@ -87,7 +35,7 @@ async def _run(launch: LocalLaunch, timeout: float = 30.0) -> LaunchResult:
 
 @needs_mpicc
 async def test_four_ranks_allreduce(tmp_path: Path) -> None:
-    binary = _compile(tmp_path, "allreduce", ALLREDUCE)
+    binary = compile_mpi(tmp_path, "allreduce", ALLREDUCE)
     fences: list[int] = []
 
     async def fence(ready: FenceReady) -> Mapping[str, str]:
@@ -109,7 +57,7 @@ async def test_four_ranks_allreduce(tmp_path: Path) -> None:
 
 @needs_mpicc
 async def test_mpi_abort_kills_every_rank(tmp_path: Path) -> None:
-    binary = _compile(tmp_path, "abort", ABORT)
+    binary = compile_mpi(tmp_path, "abort", ABORT)
     launch = LocalLaunch([str(binary)], range(3), 3, launch_id="l-abort")
     result = await _run(launch)
 
@@ -124,7 +72,7 @@ async def test_mpi_abort_kills_every_rank(tmp_path: Path) -> None:
 
 @needs_mpicc
 async def test_fence_timeout_aborts_launch(tmp_path: Path) -> None:
-    binary = _compile(tmp_path, "allreduce", ALLREDUCE)
+    binary = compile_mpi(tmp_path, "allreduce", ALLREDUCE)
 
     async def never(ready: FenceReady) -> Mapping[str, str]:
         await asyncio.Event().wait()
