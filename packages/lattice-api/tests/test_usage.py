@@ -27,6 +27,7 @@ from lattice_api.operations import Operations
 from lattice_api.ops.usage import UsageOps, parse_days, window_from_range
 from lattice_api.rest.app import build_rest_app
 from lattice_common import commands as c
+from lattice_common.agents import AgentChannels
 from lattice_common.errors import NotFound, PermissionDenied, ValidationError
 from lattice_common.proto.lattice import v1
 from lattice_common.types import AllocationState, NodeCapabilities
@@ -81,7 +82,7 @@ def test_period_days_default_and_override() -> None:
 
 
 def ops_for(m: QuorumMember, **kw: Any) -> Operations:
-    return Operations(m, monitor=NodeMonitor(m), logs=LogProxy(m), **kw)
+    return Operations(m, monitor=NodeMonitor(m), logs=LogProxy(m, AgentChannels()), **kw)
 
 
 # --------------------------------------------------------------------------- a real member

@@ -25,7 +25,8 @@ RESERVED: dict[str, set[str]] = {
     "-q": {"--quiet"},
     "-v": {"--verbose"},
     "-h": {"--help"},
-    "-n": {"--tail", "--agents"},  # a count: lines (tail -n), agents (dev up)
+    "-n": {"--tail", "--agents", "--ntasks"},  # a count: lines, agents, ranks (srun -n)
+    "-l": {"--label"},  # srun -l
     "-f": {"--follow"},
     "-w": {"--watch"},
     "-a": {"--all"},

@@ -109,7 +109,9 @@ async def test_env_and_exit_status(tmp_path: Path) -> None:
         '$LATTICE_LOCAL_RANK $LATTICE_LOCAL_SIZE $LATTICE_NPROCS ${PMI_FD:+fd}"; '
         'echo err >&2; [ "$PMI_RANK" = 3 ] && exit 5; exit 0'
     )
-    launch = LocalLaunch(["/bin/sh", "-c", script], [2, 3], 8, launch_id="l-env")
+    launch = LocalLaunch(
+        ["/bin/sh", "-c", script], [2, 3], 8, launch_id="l-env", kill_on_bad_exit=False
+    )
     result = await _run(launch)
 
     assert result.exit_status == 5
@@ -119,6 +121,39 @@ async def test_env_and_exit_status(tmp_path: Path) -> None:
     assert out == ["[2] 2 8 0 l-env 0 2 8 fd", "[3] 3 8 0 l-env 1 2 8 fd"]
     err = sorted(o.prefixed for o in result.output if o.stream == "stderr")
     assert err == ["[2] err", "[3] err"]
+
+
+async def test_failed_rank_ends_the_launch(tmp_path: Path) -> None:
+    exits: list[tuple[int, int]] = []
+    script = '[ "$PMI_RANK" = 1 ] && exit 3; exec sleep 60'
+    launch = LocalLaunch(
+        ["/bin/sh", "-c", script],
+        [0, 1],
+        2,
+        launch_id="l-bad",
+        on_rank_exit=lambda rank, code: exits.append((rank, code)),
+    )
+    result = await asyncio.wait_for(launch.run(), 20)
+
+    assert result.aborted and result.abort_rank == 1
+    assert result.exit_status == 3
+    assert result.reason == "rank 1 exited with code 3"
+    assert result.rank_exit_codes == {0: 137, 1: 3}
+    assert sorted(exits) == [(0, 137), (1, 3)]
+    _assert_no_rank_left(result)
+
+
+async def test_pmi_off_sets_no_pmi_variables(tmp_path: Path) -> None:
+    launch = LocalLaunch(
+        ["/bin/sh", "-c", 'echo "${PMI_FD:-none} ${PMI_RANK:-none} $LATTICE_RANK"'],
+        [4],
+        5,
+        launch_id="l-nopmi",
+        pmi=False,
+    )
+    result = await _run(launch)
+    assert result.exit_status == 0
+    assert [o.prefixed for o in result.output] == ["[4] none none 4"]
 
 
 async def test_cancel_kills_ranks(tmp_path: Path) -> None:

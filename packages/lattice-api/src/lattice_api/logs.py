@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
+from lattice_common.agents import AgentChannels
 from lattice_common.errors import NotFound, Unavailable
-from lattice_common.net import split_host_port
 from lattice_common.proto.lattice import v1
 from lattice_common.types import Allocation, AllocationState
 from lattice_quorum import queries
@@ -18,12 +17,11 @@ from lattice_quorum.quorum import Quorum
 
 
 class LogProxy:
-    """The LogSource of lattice-server: one channel per agent address, reused."""
+    """The LogSource of lattice-server (agent channels shared with task launches)."""
 
-    def __init__(self, quorum: Quorum, *, agent_token: str | None = None) -> None:
+    def __init__(self, quorum: Quorum, agents: AgentChannels) -> None:
         self.quorum = quorum
-        self._channels: dict[str, Channel] = {}
-        self._metadata = {"authorization": f"Bearer {agent_token}"} if agent_token else None
+        self.agents = agents
 
     def _agent(self, alloc: Allocation) -> tuple[str, v1.NodeAgentServiceStub]:
         if alloc.state == AllocationState.PENDING or not alloc.assigned_nodes:
@@ -35,17 +33,10 @@ class LogProxy:
         node = self.quorum.read(queries.node, head)
         if node is None or not node.agent_address:
             raise Unavailable(f"node {head} has no reachable agent")
-        ch = self._channels.get(node.agent_address)
-        if ch is None:
-            try:
-                host, port = split_host_port(
-                    node.agent_address, default_host="127.0.0.1", allow_port_zero=False
-                )
-            except ValueError as e:
-                raise Unavailable(f"node {head} has no reachable agent ({e})") from None
-            ch = Channel(host, port)
-            self._channels[node.agent_address] = ch
-        return head, v1.NodeAgentServiceStub(ch, metadata=self._metadata)
+        try:
+            return head, self.agents.stub(node.agent_address)
+        except ValueError as e:
+            raise Unavailable(f"node {head} has no reachable agent ({e})") from None
 
     async def follow(
         self,
@@ -83,5 +74,4 @@ class LogProxy:
         return [ln async for ln in self.follow(alloc, tail=tail, stream=stream, follow=False)]
 
     def close(self) -> None:
-        for ch in self._channels.values():
-            ch.close()
+        self.agents.close()

@@ -10,12 +10,14 @@ import os
 import signal
 
 from aiohttp import web
+from lattice_common.agents import AgentChannels
 from lattice_common.config import LatticeConfig, load_config
 from lattice_common.net import split_host_port
 from lattice_common.process import daemon_main
 from lattice_quorum.member import QuorumMember
 
 from lattice_api.auth import Authenticator
+from lattice_api.fabric import FabricManager
 from lattice_api.grpc.server import build_grpc_server
 from lattice_api.logs import LogProxy
 from lattice_api.node_monitor import NodeMonitor
@@ -88,8 +90,12 @@ async def serve(
         oidc_client_id=cfg.api.oidc_client_id,
         max_request_bytes=cfg.api.max_request_bytes,
     )
-    logs = LogProxy(member, agent_token=agent_token)
-    ops = Operations(member, monitor=monitor, logs=logs, settings=settings)
+    agents = AgentChannels(agent_token)
+    logs = LogProxy(member, agents)
+    fabric = FabricManager.from_config(cfg.network)
+    ops = Operations(
+        member, monitor=monitor, logs=logs, settings=settings, agents=agents, fabric=fabric
+    )
     grpc = build_grpc_server(ops, auth)
     ghost, gport = split_host_port(cfg.api.grpc_listen, default_host="0.0.0.0")
     await grpc.start(ghost, gport)
@@ -119,6 +125,9 @@ async def serve(
         await monitor.stop()
         grpc.close()
         await runner.cleanup()
+        await ops.launches.close()
+        if fabric is not None:
+            await fabric.close()
         logs.close()
         member.close()
 

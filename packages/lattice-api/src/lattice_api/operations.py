@@ -6,11 +6,14 @@ name (``ops.allocations.submit``, ``ops.usage.tenant_usage``, ...).
 
 from __future__ import annotations
 
+from lattice_common.agents import AgentChannels
 from lattice_quorum.quorum import Quorum
 
+from lattice_api.fabric import FabricManager
 from lattice_api.node_monitor import NodeMonitor
 from lattice_api.ops.admin import AdminOps
 from lattice_api.ops.allocations import AllocationOps, LogSource
+from lattice_api.ops.launches import LaunchOps
 from lattice_api.ops.nodes import NodeOps
 from lattice_api.ops.queue import QueueOps
 from lattice_api.ops.quorum import QuorumOps
@@ -19,7 +22,8 @@ from lattice_api.settings import ApiSettings
 
 
 class Operations:
-    """A thin container: one operations object per service, sharing the quorum."""
+    """A thin container: one operations object per service (AllocationService's task
+    launches apart, in ``launches``), sharing the quorum."""
 
     def __init__(
         self,
@@ -28,11 +32,14 @@ class Operations:
         monitor: NodeMonitor,
         logs: LogSource,
         settings: ApiSettings | None = None,
+        agents: AgentChannels | None = None,
+        fabric: FabricManager | None = None,
     ) -> None:
         settings = settings or ApiSettings()
         self.settings = settings
         self.queue = QueueOps(quorum, budget_period_days=settings.budget_period_days)
         self.allocations = AllocationOps(quorum, logs, self.queue)
+        self.launches = LaunchOps(quorum, agents or AgentChannels(), fabric=fabric)
         self.nodes = NodeOps(quorum, monitor, api_addresses=settings.api_addresses)
         self.admin = AdminOps(
             quorum,

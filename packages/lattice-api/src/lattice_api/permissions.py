@@ -33,6 +33,7 @@ ROLES: dict[str, frozenset[Role]] = {
     "allocation.read": _READ | {Role.AGENT},
     "allocation.submit": _WRITE_OWN,
     "allocation.cancel": _WRITE_OWN,
+    "allocation.launch": _WRITE_OWN,
     "allocation.list_all": frozenset(
         {Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.READ_ONLY}
     ),
@@ -59,7 +60,8 @@ RPCS: dict[str, str] = {
     "AllocationService.Update": NOT_BUILT,
     "AllocationService.Watch": "allocation.read",
     "AllocationService.Checkpoint": NOT_BUILT,
-    "AllocationService.LaunchTasks": NOT_BUILT,
+    "AllocationService.LaunchTasks": "allocation.launch",
+    "AllocationService.WatchLaunch": "allocation.read",
     "AllocationService.Attach": NOT_BUILT,
     "AllocationService.StreamLogs": "allocation.read",
     "AllocationService.GetLogs": "allocation.read",
@@ -123,6 +125,8 @@ ROUTES: dict[str, str] = {
     "DELETE /api/v1/allocations/{id}": "allocation.cancel",
     "GET /api/v1/allocations/{id}/watch": "allocation.read",
     "GET /api/v1/allocations/{id}/logs": "allocation.read",
+    "POST /api/v1/allocations/{id}/tasks": "allocation.launch",
+    "GET /api/v1/allocations/{id}/tasks/{task_id}/events": "allocation.read",
     "GET /api/v1/allocations/{id}/logs/stream": "allocation.read",
     "GET /api/v1/nodes": "node.read",
     "POST /api/v1/nodes/register": "node.agent",

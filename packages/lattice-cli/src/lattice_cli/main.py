@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "queue": "lattice_cli.commands.queue",
     "cancel": "lattice_cli.commands.cancel",
     "logs": "lattice_cli.commands.logs",
+    "launch": "lattice_cli.commands.launch",
     "nodes": "lattice_cli.commands.nodes",
     "usage": "lattice_cli.commands.usage",
     "node": "lattice_cli.commands.node",

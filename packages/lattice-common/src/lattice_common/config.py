@@ -18,12 +18,13 @@ Rules:
   with ``[`` or ``{`` is read as YAML/JSON, for list and mapping fields such as
   ``LATTICE_QUORUM__PEERS``. ``LATTICE_*`` names without a double underscore (those the
   agent sets inside allocations, ``LATTICE_ENDPOINT`` of the CLI, ...) are not config
-  and are ignored, except the two documented names:
+  and are ignored, except the documented names:
 
   - ``LATTICE_OIDC_HMAC_SECRET`` -> ``api.oidc_hmac_secret``
   - ``LATTICE_AGENT_TOKEN`` -> ``api.agent_token``
+  - ``LATTICE_FABRIC_MANAGER_TOKEN`` -> ``network.fabric_manager_token``
 
-  (the ``LATTICE_API__...`` form of the same field wins if both are set).
+  (the ``LATTICE_<SECTION>__...`` form of the same field wins if both are set).
 * Secrets are :class:`pydantic.SecretStr`: they print as ``**********`` in ``repr``,
   ``str``, logs, ``model_dump_json`` and error messages; read them with
   ``.get_secret_value()`` at the one place that needs the clear text. Secrets belong in
@@ -74,6 +75,7 @@ ENV_PREFIX = "LATTICE_"
 SPECIAL_ENV: dict[str, tuple[str, ...]] = {
     "LATTICE_OIDC_HMAC_SECRET": ("api", "oidc_hmac_secret"),
     "LATTICE_AGENT_TOKEN": ("api", "agent_token"),
+    "LATTICE_FABRIC_MANAGER_TOKEN": ("network", "fabric_manager_token"),
 }
 # Spellings used by the specification's examples, accepted and mapped to our names.
 _KEY_ALIASES: dict[tuple[str, ...], dict[str, str]] = {
@@ -316,6 +318,14 @@ class NodeAgentConfig(_Section):
     uenv_base_image_hash: str = Field(
         default="", description="uenv base image hash, part of the conformance fingerprint"
     )
+    pmi_fence_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="a launch's PMI fence not done this long -> aborted"
+    )
+    pmi_tree_fanout: int = Field(
+        default=128,
+        ge=2,
+        description="launches on more nodes than this use a two-level fence tree, not a star",
+    )
 
     @field_validator("grpc_listen")
     @classmethod
@@ -392,6 +402,23 @@ class NetworkConfig(_Section):
         default=300.0, ge=0, description="empty domain keeps its VNI this long"
     )
     max_domains_per_tenant: int = Field(default=50, ge=1)
+    fabric_manager_url: str = Field(
+        default="", description="Slingshot fabric manager base URL; empty = no CXI credentials"
+    )
+    fabric_manager_token: SecretStr | None = Field(
+        default=None, description="fabric manager bearer token; env LATTICE_FABRIC_MANAGER_TOKEN"
+    )
+
+    @field_validator("fabric_manager_url")
+    @classmethod
+    def _fabric_manager_url(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            return v
+        scheme, sep, rest = v.partition("://")
+        if not sep or scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
+            raise ValueError(f"expected an http(s) URL or empty, got {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _range(self) -> NetworkConfig:

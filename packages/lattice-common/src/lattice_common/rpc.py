@@ -13,12 +13,24 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from lattice_common import commands as c
-from lattice_common.errors import ERROR_CLASSES, LatticeError, NotLeader, Unavailable
+from lattice_common.errors import (
+    ERROR_CLASSES,
+    LatticeError,
+    NotLeader,
+    Unavailable,
+    encode_error,
+)
 from lattice_common.net import split_host_port
 from lattice_common.proto.lattice import v1
 from lattice_common.watch import StateDelta, decode_delta
 
 TRANSPORT_ERRORS = (OSError, StreamTerminatedError, ConnectionError, TimeoutError)
+
+
+def grpc_error(err: LatticeError) -> GRPCError:
+    """A gRPC status whose message is the error as JSON (code, message, details, hint),
+    so that clients can rebuild the typed error (``decode_grpc_error``)."""
+    return GRPCError(Status(err.grpc_status), encode_error(err).decode())
 
 
 def decode_grpc_error(e: GRPCError) -> LatticeError:

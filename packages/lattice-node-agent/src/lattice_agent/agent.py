@@ -17,6 +17,7 @@ from pathlib import Path
 
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
+from lattice_common.agents import AgentChannels
 from lattice_common.errors import LatticeError
 from lattice_common.proto.lattice import v1
 from lattice_common.rpc import TRANSPORT_ERRORS, Endpoints, auth_metadata, decode_grpc_error
@@ -24,9 +25,11 @@ from lattice_common.types import Allocation, AllocationReport, Node, NodeCapabil
 from lattice_common.wire import from_message, to_message
 from prometheus_client import Histogram
 
+from lattice_agent.pmi.fence import FenceRegistry
+from lattice_agent.pmi.launches import LaunchManager
 from lattice_agent.reconcile import Forget, Start, Stop, reconcile
 from lattice_agent.runtime import ProcessRuntime
-from lattice_agent.service import NodeAgentService
+from lattice_agent.service import NodeAgentService, require_token
 
 log = logging.getLogger("lattice.agent")
 
@@ -64,6 +67,9 @@ class Agent:
         token: str | None = None,
         fingerprint_source: Callable[[], str] | None = None,
         conformance_interval: float = 6 * 3600.0,
+        pmi_fence_timeout: float = 60.0,
+        pmi_tree_fanout: int = 128,
+        slurm_env: bool = True,
     ) -> None:
         self.node_id = node_id
         self.endpoints = endpoints
@@ -83,6 +89,7 @@ class Agent:
         )
         self.heartbeat_interval = heartbeat_interval
         self.metadata = auth_metadata(token)
+        self.token = token
         self.log_dir = log_dir
         self.runtime = ProcessRuntime(
             node_id=node_id,
@@ -92,6 +99,21 @@ class Agent:
             walltime_grace_seconds=walltime_grace,
             ring_buffer_lines=ring_buffer_lines,
             on_change=self._on_runtime_change,
+        )
+        #: the allocations the desired state assigns to this node, by id
+        self.assigned: dict[str, Allocation] = {}
+        self.agents = AgentChannels(token)
+        self.fences = FenceRegistry()
+        self.launches = LaunchManager(
+            node_id,
+            allocation=self.assigned.get,
+            work_dir=work_dir,
+            log_dir=log_dir,
+            channels=self.agents,
+            fences=self.fences,
+            fence_timeout=pmi_fence_timeout,
+            tree_fanout=pmi_tree_fanout,
+            slurm_env=slurm_env,
         )
         self.attempts: dict[str, int] = {}
         self.generation = 0
@@ -109,7 +131,18 @@ class Agent:
         reattached = await self.runtime.recover()
         if reattached:
             log.info("reattached to running allocations: %s", ", ".join(reattached))
-        self._server = Server([NodeAgentService(self.node_id, self.runtime, self.log_dir)])
+        self._server = Server(
+            [
+                NodeAgentService(
+                    self.node_id,
+                    self.runtime,
+                    self.log_dir,
+                    fences=self.fences,
+                    launches=self.launches,
+                )
+            ]
+        )
+        require_token(self._server, self.token)
         await self._server.start(self.listen_host, self.listen_port)
         port = self._server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.address = f"{self.advertise_host}:{port}"
@@ -127,8 +160,10 @@ class Agent:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self._server.close()
+            await self.launches.close()  # ranks cannot outlive their PMI server
             await self.runtime.close()  # workloads keep running (KillMode=process)
             self.endpoints.close()
+            self.agents.close()
 
     def _stub(self) -> v1.NodeServiceStub:
         return v1.NodeServiceStub(self.endpoints.channel(), metadata=self.metadata)
@@ -264,6 +299,9 @@ class Agent:
             log.info("ignoring desired state generation %s < %s", generation, self.generation)
             return
         self.generation = generation
+        self.assigned.clear()
+        self.assigned.update((a.id, a) for a in desired)
+        self.launches.end_allocations(set(self.assigned))
         actions = reconcile(self.node_id, desired, self.runtime.reports(), self.attempts)
         for act in actions:
             if isinstance(act, Stop):

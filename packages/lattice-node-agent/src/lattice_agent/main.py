@@ -130,6 +130,9 @@ async def run(args: argparse.Namespace) -> None:
         else args.walltime_grace,
         ring_buffer_lines=na.ring_buffer_lines,
         token=token,
+        pmi_fence_timeout=na.pmi_fence_timeout_seconds,
+        pmi_tree_fanout=na.pmi_tree_fanout,
+        slurm_env=cfg.compat.slurm_env,
     )
     await run_until_signal(agent.run())
 

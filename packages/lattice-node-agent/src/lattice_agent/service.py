@@ -1,18 +1,27 @@
-"""NodeAgentService as served by each agent: live logs for the API.
+"""NodeAgentService as served by each agent: live logs for the API, task launches.
 
-PmiFence serves the cross-node fences this agent heads (``pmi.fence``); the
-RPCs of the contract that later work builds (attach, launch, abort) answer
-UNIMPLEMENTED naming the RPC.
+LaunchProcesses, WatchLaunch and Abort go to the agent's ``LaunchManager``
+(``pmi.launches``); PmiFence serves the cross-node fences this agent collects
+(``pmi.fence``). The RPCs of the contract that later work builds (attach, desired
+state pushes) answer UNIMPLEMENTED naming the RPC.
+
+When an agent token is configured every call must carry it (``Authorization:
+Bearer``): these RPCs start processes inside allocations.
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpclib
 from grpclib.const import Status
+from grpclib.events import RecvRequest, listen
+from grpclib.server import Server
+from lattice_common.errors import LatticeError, Unauthenticated
 from lattice_common.proto.lattice import v1
+from lattice_common.rpc import grpc_error
 
 from lattice_agent.pmi.fence import (
     DuplicateContribution,
@@ -23,6 +32,7 @@ from lattice_agent.pmi.fence import (
     FenceTimeout,
     UnknownNode,
 )
+from lattice_agent.pmi.launches import LaunchManager
 from lattice_agent.runtime import ProcessRuntime
 
 
@@ -33,12 +43,14 @@ class NodeAgentService(v1.NodeAgentServiceBase):
         runtime: ProcessRuntime,
         log_dir: Path,
         fences: FenceRegistry | None = None,
+        launches: LaunchManager | None = None,
     ) -> None:
         self.node_id = node_id
         self.runtime = runtime
         self.log_dir = log_dir
-        #: the cross-node PMI fences this agent heads
+        #: the cross-node PMI fences this agent collects
         self.fences = fences if fences is not None else FenceRegistry()
+        self.launches = launches
 
     async def stream_logs(self, message: v1.LogRequest) -> AsyncIterator[v1.LogLine]:
         """``tail`` < 0 (or 0 without follow): all history; N > 0: the last N lines."""
@@ -68,12 +80,30 @@ class NodeAgentService(v1.NodeAgentServiceBase):
             "state with NodeService.WatchDesiredState",
         )
 
+    def _manager(self) -> LaunchManager:
+        if self.launches is None:
+            raise grpclib.GRPCError(
+                Status.UNIMPLEMENTED, f"node {self.node_id} runs no task launches"
+            )
+        return self.launches
+
     async def launch_processes(
         self, message: v1.LaunchProcessesRequest
     ) -> v1.LaunchProcessesResponse:
-        raise grpclib.GRPCError(
-            Status.UNIMPLEMENTED, "NodeAgentService.LaunchProcesses is not implemented yet"
-        )
+        try:
+            pids = await self._manager().launch(message)
+        except LatticeError as e:
+            raise grpc_error(e) from None
+        return v1.LaunchProcessesResponse(task_id=message.task_id, pids=pids)
+
+    async def watch_launch(self, message: v1.WatchLaunchRequest) -> AsyncIterator[v1.LaunchEvent]:
+        manager = self._manager()
+        try:
+            manager.get(message.allocation_id, message.task_id)
+        except LatticeError as e:
+            raise grpc_error(e) from None
+        async for ev in manager.watch(message.allocation_id, message.task_id):
+            yield ev
 
     async def pmi_fence(self, message: v1.PmiFenceRequest) -> v1.PmiFenceResponse:
         """One node's contribution to a fence this agent heads; answers the merged KVS.
@@ -104,9 +134,32 @@ class NodeAgentService(v1.NodeAgentServiceBase):
         return v1.PmiFenceResponse(epoch=message.epoch, kvs=kvs)
 
     async def abort(self, message: v1.AbortRequest) -> v1.AbortResponse:
-        raise grpclib.GRPCError(
-            Status.UNIMPLEMENTED, "NodeAgentService.Abort is not implemented yet"
-        )
+        if not message.task_id:
+            raise grpclib.GRPCError(
+                Status.UNIMPLEMENTED,
+                "NodeAgentService.Abort of a whole allocation is not implemented: cancel it "
+                "through the API; name a launch (task_id) to abort one",
+            )
+        return v1.AbortResponse(killed=self._manager().abort(message))
+
+
+def require_token(server: Server, token: str | None) -> None:
+    """Refuse every call without ``Authorization: Bearer <token>`` (no token: allow all)."""
+    if not token:
+        return
+    expected = f"Bearer {token}"
+
+    async def check(event: RecvRequest) -> None:
+        got = event.metadata.get("authorization", "")
+        if not isinstance(got, str) or not hmac.compare_digest(got, expected):
+            raise grpc_error(
+                Unauthenticated(
+                    f"{event.method_name} needs the agent token",
+                    hint="Callers of a node agent send api.agent_token (LATTICE_AGENT_TOKEN).",
+                )
+            )
+
+    listen(server, RecvRequest, check)
 
 
 async def _aiter(items: list) -> AsyncIterator:  # type: ignore[type-arg]

@@ -310,6 +310,46 @@ class LatticeClient:
             _raise_inline_error(item)
             yield LogLine.from_dict(item)
 
+    # ------------------------------------------------------------------ task launches
+
+    async def launch_tasks(
+        self,
+        alloc_id: str,
+        argv: list[str],
+        *,
+        num_tasks: int = 0,
+        tasks_per_node: int = 0,
+        env: dict[str, str] | None = None,
+        pmi: str = "",
+        nodes: list[str] | None = None,
+        working_dir: str = "",
+    ) -> dict[str, Any]:
+        """``srun``: start ``argv`` as ranks in a Running allocation of yours.
+
+        Returns ``{"task_id", "nodes", "world_size", "ranks_per_node"}``; follow the
+        launch with :meth:`watch_launch`. ``pmi``: "" / pmi1 / pmi2 (the agent's PMI
+        server), none, or pmix."""
+        body = {
+            "argv": list(argv),
+            "num_tasks": num_tasks,
+            "tasks_per_node": tasks_per_node,
+            "env": dict(env or {}),
+            "mpi": pmi,
+            "nodes": list(nodes or []),
+            "working_dir": working_dir,
+        }
+        return await self._call("POST", f"/allocations/{_seg(alloc_id)}/tasks", body=body)
+
+    async def watch_launch(self, alloc_id: str, task_id: str) -> AsyncIterator[dict[str, Any]]:
+        """A launch's events from its start: ``{"type": "start"}`` (nodes, ranks_per_node,
+        world_size), ``output`` (rank, stream, line), ``rank_exit`` (rank, exit_code),
+        ``node_done`` per node, then ``done`` (exit_status, aborted, reason, failed_rank,
+        failed_node, rank_exit_codes), after which the stream ends."""
+        path = f"/allocations/{_seg(alloc_id)}/tasks/{_seg(task_id)}/events"
+        async for item in self._ndjson(path):
+            _raise_inline_error(item)
+            yield item
+
     # ------------------------------------------------------------------ nodes
 
     async def list_nodes(self, state: str | None = None) -> list[Node]:

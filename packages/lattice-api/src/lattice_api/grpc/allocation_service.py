@@ -12,11 +12,13 @@ from lattice_common.wire import to_message
 
 from lattice_api.grpc.context import to_body, who
 from lattice_api.ops.allocations import AllocationOps
+from lattice_api.ops.launches import LaunchOps
 
 
 class AllocationService(v1.AllocationServiceBase):
-    def __init__(self, ops: AllocationOps) -> None:
+    def __init__(self, ops: AllocationOps, launches: LaunchOps) -> None:
         self.ops = ops
+        self.launches = launches
 
     async def submit(self, message: v1.SubmitRequest) -> v1.SubmitResponse:
         if message.test_only:
@@ -90,5 +92,50 @@ class AllocationService(v1.AllocationServiceBase):
         async for ln in lines:
             yield v1.LogLine(**ln)
 
+    async def launch_tasks(self, message: v1.LaunchTasksRequest) -> v1.LaunchTasksResponse:
+        body = to_body(message)
+        res = await self.launches.launch_tasks(who(), message.allocation_id, body)
+        return v1.LaunchTasksResponse(**res)
 
-__all__ = ["AllocationService"]
+    async def watch_launch(self, message: v1.WatchLaunchRequest) -> AsyncIterator[v1.LaunchEvent]:
+        events = await self.launches.watch(who(), message.allocation_id, message.task_id)
+        async for ev in events:
+            yield launch_event(ev)
+
+
+def launch_event(ev: dict) -> v1.LaunchEvent:  # type: ignore[type-arg]
+    """``LaunchOps``' dict form back into the proto message."""
+    kind = ev["type"]
+    if kind == "output":
+        return v1.LaunchEvent(
+            node_id=ev["node_id"],
+            output=v1.LaunchOutput(rank=ev["rank"], stream=ev["stream"], line=ev["line"]),
+        )
+    if kind == "rank_exit":
+        return v1.LaunchEvent(
+            node_id=ev["node_id"],
+            rank_exit=v1.RankExit(rank=ev["rank"], exit_code=ev["exit_code"]),
+        )
+    if kind == "start":
+        return v1.LaunchEvent(
+            start=v1.LaunchStart(
+                task_id=ev["task_id"],
+                node_ids=ev["nodes"],
+                ranks_per_node=ev["ranks_per_node"],
+                world_size=ev["world_size"],
+            )
+        )
+    done = v1.LaunchDone(
+        exit_status=ev["exit_status"],
+        aborted=ev["aborted"],
+        reason=ev["reason"],
+        failed_rank=ev["failed_rank"],
+        failed_node=ev["failed_node"],
+        rank_exit_codes={int(k): v for k, v in ev["rank_exit_codes"].items()},
+    )
+    if kind == "node_done":
+        return v1.LaunchEvent(node_id=ev["node_id"], node_done=done)
+    return v1.LaunchEvent(done=done)
+
+
+__all__ = ["AllocationService", "launch_event"]

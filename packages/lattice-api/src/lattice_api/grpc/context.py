@@ -6,11 +6,9 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-import grpclib
-import msgspec
 from betterproto2 import Casing, OutputFormat
-from grpclib.const import Status
 from lattice_common.errors import LatticeError, ValidationError
+from lattice_common.rpc import grpc_error
 
 from lattice_api.auth import Identity
 
@@ -27,12 +25,6 @@ def who() -> Identity:
     if isinstance(ident, LatticeError):
         raise ident
     return ident
-
-
-def grpc_error(err: LatticeError) -> grpclib.GRPCError:
-    """A gRPC status whose message is the error as JSON (code, message, details, hint),
-    so clients can rebuild the typed error."""
-    return grpclib.GRPCError(Status(err.grpc_status), msgspec.json.encode(err.to_dict()).decode())
 
 
 def to_body(message: Any) -> dict[str, Any]:

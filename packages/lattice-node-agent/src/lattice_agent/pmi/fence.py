@@ -31,9 +31,12 @@ Plain asyncio, no gRPC; all methods must be called from the loop thread.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Protocol
 
+from lattice_agent.pmi.kvs import FenceReady
 from lattice_agent.pmi.server import FENCE_TIMEOUT_REASON
+from lattice_agent.pmi.tree import FenceTopology
 
 __all__ = [
     "DuplicateContribution",
@@ -42,9 +45,16 @@ __all__ = [
     "FenceCoordinator",
     "FenceError",
     "FenceRegistry",
+    "FenceServer",
     "FenceTimeout",
+    "LaunchFence",
+    "SendFn",
     "UnknownNode",
 ]
+
+
+#: a tree leader's way up: (epoch, the group's puts) -> the keys every node put
+Upstream = Callable[[int, dict[str, str]], Awaitable[Mapping[str, str]]]
 
 
 class FenceError(Exception):
@@ -63,7 +73,7 @@ class EpochMismatch(FenceError):
     """A contribution to an epoch other than the current one."""
 
 
-class FenceTimeout(FenceError):
+class FenceTimeout(FenceError, TimeoutError):
     """Not every node contributed in time; ``missing`` names the absent ones."""
 
     def __init__(self, epoch: int, missing: Collection[str], timeout: float) -> None:
@@ -88,16 +98,26 @@ class FenceCoordinator:
 
     ``nodes``: the node ids that serve ranks of the launch (each contributes
     once per epoch).  ``first_epoch``: the epoch of the launch's first fence
-    (``kvs.Launch`` counts from 0).
+    (``kvs.Launch`` counts from 0).  ``upstream`` (a tree's group leader): the
+    complete group's keys are sent up as one contribution and its answer is
+    what every waiter gets; its failure fails the launch's fence.
     """
 
     def __init__(
-        self, nodes: Collection[str], timeout: float = 60.0, *, first_epoch: int = 0
+        self,
+        nodes: Collection[str],
+        timeout: float = 60.0,
+        *,
+        first_epoch: int = 0,
+        upstream: Upstream | None = None,
     ) -> None:
         if not nodes:
             raise ValueError("a fence needs at least one node")
         self.nodes: frozenset[str] = frozenset(nodes)
         self.timeout = float(timeout)
+        self.upstream = upstream
+        self._upstream_task: asyncio.Task[None] | None = None
+        self._forwarding: asyncio.Future[dict[str, str]] | None = None
         self._epoch = first_epoch
         self._kvs: dict[str, str] = {}
         self._arrived: set[str] = set()
@@ -159,12 +179,42 @@ class FenceCoordinator:
         self._cancel_timer()
         self._future = None
         self._arrived = set()
+        epoch = self._epoch
         self._epoch += 1
         published = self._pending
-        self._kvs.update(published)
         self._pending = {}
+        if self.upstream is not None and future is not None:
+            self._forwarding = future
+            self._upstream_task = asyncio.get_running_loop().create_task(
+                self._forward(epoch, published, future)
+            )
+            return
+        self._kvs.update(published)
         if future is not None and not future.done():
             future.set_result(published)
+
+    async def _forward(
+        self, epoch: int, puts: dict[str, str], future: asyncio.Future[dict[str, str]]
+    ) -> None:
+        """A tree leader: the group's keys go up as one contribution; the answer comes down."""
+        assert self.upstream is not None
+        try:
+            merged = dict(await self.upstream(epoch, puts))
+        except asyncio.CancelledError:
+            raise
+        except FenceError as e:
+            self._fail(e)
+            return
+        except Exception as e:  # the head is unreachable or refused: the launch cannot go on
+            self._fail(FenceAborted(f"fence epoch {epoch} failed upstream: {e}"))
+            return
+        self._upstream_task = None
+        self._forwarding = None
+        if self._failed is not None:
+            return
+        self._kvs.update(merged)
+        if not future.done():
+            future.set_result(merged)
 
     def _on_timeout(self) -> None:
         self._timer = None
@@ -175,11 +225,16 @@ class FenceCoordinator:
     def _fail(self, error: FenceError) -> None:
         self._failed = error
         self._cancel_timer()
-        future, self._future = self._future, None
-        if future is not None and not future.done():
-            future.set_exception(error)
-            # every waiter retrieves it; mark it retrieved for the no-waiter case
-            future.exception()
+        task, self._upstream_task = self._upstream_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        futures = (self._future, self._forwarding)
+        self._future = self._forwarding = None
+        for future in futures:
+            if future is not None and not future.done():
+                future.set_exception(error)
+                # every waiter retrieves it; mark it retrieved for the no-waiter case
+                future.exception()
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -187,22 +242,93 @@ class FenceCoordinator:
             self._timer = None
 
 
+class FenceServer(Protocol):
+    """What a served PmiFence call reaches: a coordinator or a node's :class:`LaunchFence`."""
+
+    async def contribute(
+        self, epoch: int, node_id: str, kvs: Mapping[str, str]
+    ) -> dict[str, str]: ...
+
+
+#: (parent node id, epoch, puts) -> the epoch's keys: the PmiFence call to a parent's agent
+SendFn = Callable[[str, int, dict[str, str]], Awaitable[Mapping[str, str]]]
+
+
+class LaunchFence:
+    """This node's part of one launch's fence (see ``pmi.tree``).
+
+    A leader (the head of a star, or a group leader of a tree) collects its
+    group with a :class:`FenceCoordinator`; a tree leader's coordinator sends
+    the group's keys up in one call, and the head also collects the leaders.
+    Every other node sends its keys to its parent with ``send``.
+    """
+
+    def __init__(self, topology: FenceTopology, node_id: str, timeout: float, send: SendFn) -> None:
+        if node_id not in topology.parent:
+            raise UnknownNode(f"node {node_id!r} is not part of this launch")
+        self.node_id = node_id
+        self.topology = topology
+        self._send = send
+        self.top: FenceCoordinator | None = None
+        self.group: FenceCoordinator | None = None
+        if node_id == topology.head and topology.is_tree:
+            self.top = FenceCoordinator(topology.leaders, timeout)
+        members = topology.groups.get(node_id)
+        if members is not None:
+            upstream: Upstream | None = None
+            if self.top is not None:
+                top = self.top
+                upstream = lambda epoch, puts: top.contribute(epoch, node_id, puts)  # noqa: E731
+            elif node_id != topology.head:
+                parent = topology.parent[node_id]
+                assert parent is not None
+                upstream = lambda epoch, puts: send(parent, epoch, puts)  # noqa: E731
+            self.group = FenceCoordinator(members, timeout, upstream=upstream)
+
+    @property
+    def collects(self) -> bool:
+        """Whether other nodes send their fence keys here."""
+        return self.group is not None
+
+    async def fence(self, ready: FenceReady) -> Mapping[str, str]:
+        """The local ranks are at the barrier: this node's keys in, the epoch's keys out."""
+        if self.group is not None:
+            return await self.group.contribute(ready.epoch, self.node_id, ready.puts)
+        parent = self.topology.parent[self.node_id]
+        assert parent is not None
+        return await self._send(parent, ready.epoch, dict(ready.puts))
+
+    async def contribute(self, epoch: int, node_id: str, kvs: Mapping[str, str]) -> dict[str, str]:
+        """A child's PmiFence call."""
+        if node_id != self.node_id:
+            if self.group is not None and node_id in self.group.nodes:
+                return await self.group.contribute(epoch, node_id, kvs)
+            if self.top is not None and node_id in self.top.nodes:
+                return await self.top.contribute(epoch, node_id, kvs)
+        raise UnknownNode(f"node {node_id!r} does not send its fence keys to {self.node_id!r}")
+
+    def abort(self, reason: str) -> None:
+        for c in (self.group, self.top):
+            if c is not None:
+                c.abort(reason)
+
+
 class FenceRegistry:
-    """The fences this agent heads, by (allocation id, launch id)."""
+    """The fences this agent serves, by (allocation id, launch id)."""
 
     def __init__(self) -> None:
-        self._fences: dict[tuple[str, str], FenceCoordinator] = {}
+        self._fences: dict[tuple[str, str], FenceServer] = {}
 
-    def register(self, allocation_id: str, task_id: str, coordinator: FenceCoordinator) -> None:
+    def register(self, allocation_id: str, task_id: str, fence: FenceServer) -> None:
         key = (allocation_id, task_id)
         if key in self._fences:
             raise ValueError(f"a fence for launch {task_id!r} of {allocation_id!r} is registered")
-        self._fences[key] = coordinator
+        self._fences[key] = fence
 
-    def get(self, allocation_id: str, task_id: str) -> FenceCoordinator | None:
+    def get(self, allocation_id: str, task_id: str) -> FenceServer | None:
         return self._fences.get((allocation_id, task_id))
 
-    def remove(self, allocation_id: str, task_id: str) -> FenceCoordinator | None:
+    def remove(self, allocation_id: str, task_id: str) -> FenceServer | None:
         return self._fences.pop((allocation_id, task_id), None)
 
     def __len__(self) -> int:

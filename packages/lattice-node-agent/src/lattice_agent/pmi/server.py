@@ -25,6 +25,7 @@ cancellation of the caller.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import signal
@@ -71,6 +72,15 @@ OUTPUT_DRAIN_TIMEOUT = 2.0
 KILL_WAIT_TIMEOUT = 5.0
 
 FenceFn = Callable[[FenceReady], Awaitable[Mapping[str, str]]]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_agent() -> None:
+    """In the child before exec: SIGKILL when the agent dies, since its PMI server dies too."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
 
 # PMI variables that would make MPICH look for a server other than PMI_FD
 _SCRUB_ENV = ("PMI_PORT", "PMI_ID", "PMI_HOSTNAME", "PMI_KVSNAME")
@@ -153,6 +163,11 @@ class LocalLaunch:
         fence_timeout: float = 60.0,
         ranks_per_node: Sequence[int] | None = None,
         on_output: Callable[[OutputLine], None] | None = None,
+        on_rank_exit: Callable[[int, int], None] | None = None,
+        on_abort: Callable[[int | None, int, str], None] | None = None,
+        kill_on_bad_exit: bool = True,
+        pmi: bool = True,
+        slurm_env: bool = False,
     ) -> None:
         if not argv:
             raise ValueError("argv must not be empty")
@@ -176,6 +191,13 @@ class LocalLaunch:
             process_mapping=mapping,
         )
         self._on_output = on_output
+        self._on_rank_exit = on_rank_exit
+        self._on_abort = on_abort
+        self.slurm_env = slurm_env
+        self.kill_on_bad_exit = kill_on_bad_exit
+        self.pmi = pmi
+        #: set once every rank has been started (or starting failed)
+        self.spawned = asyncio.Event()
         self._output: list[OutputLine] = []
         self._rank: dict[int, _Rank] = {}
         self._aborted = False
@@ -206,12 +228,14 @@ class LocalLaunch:
                 await self._spawn(r)
                 if r.proc is None:
                     continue
-                tasks.append(asyncio.create_task(self._serve_pmi(r)))
-                tasks.append(asyncio.create_task(self._write_pmi(r)))
+                if self.pmi:
+                    tasks.append(asyncio.create_task(self._serve_pmi(r)))
+                    tasks.append(asyncio.create_task(self._write_pmi(r)))
                 assert r.proc.stdout is not None and r.proc.stderr is not None
                 pumps.append(asyncio.create_task(self._pump(r.rank, "stdout", r.proc.stdout)))
                 pumps.append(asyncio.create_task(self._pump(r.rank, "stderr", r.proc.stderr)))
                 waits.append(asyncio.create_task(self._wait(r)))
+            self.spawned.set()
             if waits:
                 await asyncio.gather(*waits)
             # the leaders are gone; take down what they left in their groups
@@ -221,6 +245,7 @@ class LocalLaunch:
                 for t in pending:
                     t.cancel()
         finally:
+            self.spawned.set()
             self._kill_all()
             if self._fence_task is not None:
                 self._fence_task.cancel()
@@ -235,24 +260,52 @@ class LocalLaunch:
             await asyncio.gather(*tasks, *pumps, *waits, return_exceptions=True)
         return self._result()
 
+    @property
+    def pids(self) -> dict[int, int]:
+        """Global rank -> pid of the ranks started so far."""
+        return {rank: r.proc.pid for rank, r in self._rank.items() if r.proc is not None}
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted
+
+    def abort(self, status: int, reason: str, rank: int | None = None) -> None:
+        """Kill every rank now (another node's abort, a lost peer); the first abort wins."""
+        self._abort(rank, status, reason)
+
     # ------------------------------------------------------------------ spawning
 
     def _rank_env(self, r: _Rank, fd: int) -> dict[str, str]:
         env = dict(self.env)
         for key in _SCRUB_ENV:
             env.pop(key, None)
+        if self.pmi:
+            env.update(
+                {
+                    "PMI_FD": str(fd),
+                    "PMI_RANK": str(r.rank),
+                    "PMI_SIZE": str(self.size),
+                    "PMI_SPAWNED": "0",
+                }
+            )
         env.update(
             {
-                "PMI_FD": str(fd),
-                "PMI_RANK": str(r.rank),
-                "PMI_SIZE": str(self.size),
-                "PMI_SPAWNED": "0",
+                "LATTICE_RANK": str(r.rank),
                 "LATTICE_LAUNCH_ID": self.launch_id,
                 "LATTICE_LOCAL_RANK": str(r.local_rank),
                 "LATTICE_LOCAL_SIZE": str(len(self.ranks)),
                 "LATTICE_NPROCS": str(self.size),
             }
         )
+        if self.slurm_env:
+            env.update(
+                {
+                    "SLURM_PROCID": str(r.rank),
+                    "SLURM_LOCALID": str(r.local_rank),
+                    "SLURM_NPROCS": str(self.size),
+                    "SLURM_NTASKS": str(self.size),
+                }
+            )
         return env
 
     async def _spawn(self, r: _Rank) -> None:
@@ -263,8 +316,9 @@ class LocalLaunch:
                 *self.argv,
                 env=self._rank_env(r, fd),
                 cwd=self.cwd,
-                pass_fds=(fd,),
+                pass_fds=(fd,) if self.pmi else (),
                 start_new_session=True,
+                preexec_fn=_die_with_agent,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -286,6 +340,14 @@ class LocalLaunch:
         assert r.proc is not None
         code = await r.proc.wait()
         r.exit_code = signal_exit_code(-code) if code < 0 else code
+        if self._on_rank_exit is not None:
+            try:
+                self._on_rank_exit(r.rank, r.exit_code)
+            except Exception:
+                log.exception("rank exit callback failed for launch %s", self.launch_id)
+        if r.exit_code != 0 and self.kill_on_bad_exit and not self._aborted:
+            # MPI peers of a dead rank hang in their next collective: end them all
+            self._abort(r.rank, r.exit_code, f"rank {r.rank} exited with code {r.exit_code}")
 
     # ------------------------------------------------------------------ PMI I/O
 
@@ -354,8 +416,10 @@ class LocalLaunch:
     async def _run_fence(self, ready: FenceReady) -> None:
         try:
             merged = await asyncio.wait_for(self.fence(ready), self.fence_timeout)
-        except TimeoutError:
-            self._abort(None, FENCE_FAILURE_STATUS, FENCE_TIMEOUT_REASON)
+        except TimeoutError as e:
+            # a remote coordinator's timeout names the nodes that never arrived
+            why = str(e) if str(e).startswith(FENCE_TIMEOUT_REASON) else FENCE_TIMEOUT_REASON
+            self._abort(None, FENCE_FAILURE_STATUS, why)
             return
         except asyncio.CancelledError:
             raise
@@ -377,6 +441,11 @@ class LocalLaunch:
         self._reason = reason
         log.info("launch %s aborted (rank %s, status %d): %s", self.launch_id, rank, status, reason)
         self._kill_all()
+        if self._on_abort is not None:
+            try:
+                self._on_abort(rank, status, reason)
+            except Exception:
+                log.exception("abort callback failed for launch %s", self.launch_id)
 
     def _kill_all(self) -> None:
         for r in self._rank.values():

@@ -32,6 +32,7 @@ __all__ = (
     "CreateSessionRequest",
     "CreateTenantRequest",
     "CreateVClusterRequest",
+    "CxiCredentials",
     "Dag",
     "DagAllocation",
     "DagEdge",
@@ -68,8 +69,12 @@ __all__ = (
     "HealthSummary",
     "HeartbeatRequest",
     "HeartbeatResponse",
+    "LaunchDone",
+    "LaunchEvent",
+    "LaunchOutput",
     "LaunchProcessesRequest",
     "LaunchProcessesResponse",
+    "LaunchStart",
     "LaunchTasksRequest",
     "LaunchTasksResponse",
     "ListAllocationsRequest",
@@ -114,6 +119,7 @@ __all__ = (
     "QuorumServiceStub",
     "RaftMember",
     "RaftStatus",
+    "RankExit",
     "ReadRequest",
     "ReadResponse",
     "RegisterNodeRequest",
@@ -144,6 +150,7 @@ __all__ = (
     "VerifyBackupResponse",
     "WatchAllocationsRequest",
     "WatchDesiredStateRequest",
+    "WatchLaunchRequest",
     "WatchStateRequest",
 )
 
@@ -186,6 +193,21 @@ class AbortRequest(betterproto2.Message):
     signal: "int" = betterproto2.field(4, betterproto2.TYPE_INT32)
     """
     signal to send first; 0 = SIGTERM, then SIGKILL after the grace period
+    """
+
+    exit_status: "int" = betterproto2.field(5, betterproto2.TYPE_INT32)
+    """
+    a launch's abort status to report (1..255); 0 = 1
+    """
+
+    failed_rank: "int" = betterproto2.field(6, betterproto2.TYPE_INT32)
+    """
+    rank the failure started at; -1 = unknown
+    """
+
+    failed_node: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
+    """
+    node the failure started at
     """
 
 
@@ -1006,6 +1028,31 @@ class CreateVClusterRequest(betterproto2.Message):
 
 
 default_message_pool.register_message("lattice.v1", "CreateVClusterRequest", CreateVClusterRequest)
+
+
+@dataclass(eq=False, repr=False)
+class CxiCredentials(betterproto2.Message):
+    """
+    CXI credentials of one launch (from the fabric manager).
+    """
+
+    vni: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
+    """
+    FI_CXI_DEFAULT_VNI
+    """
+
+    auth_key: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    FI_CXI_AUTH_KEY (hex)
+    """
+
+    svc_id: "int" = betterproto2.field(3, betterproto2.TYPE_UINT32)
+    """
+    CXI service id
+    """
+
+
+default_message_pool.register_message("lattice.v1", "CxiCredentials", CxiCredentials)
 
 
 @dataclass(eq=False, repr=False)
@@ -1835,6 +1882,122 @@ default_message_pool.register_message("lattice.v1", "HeartbeatResponse", Heartbe
 
 
 @dataclass(eq=False, repr=False)
+class LaunchDone(betterproto2.Message):
+    exit_status: "int" = betterproto2.field(1, betterproto2.TYPE_INT32)
+    """
+    the abort status, else the first non-zero rank exit, else 0
+    """
+
+    aborted: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+    """
+    the launch was aborted (MPI_Abort, a failed rank, fence timeout, lost node)
+    """
+
+    reason: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    why, naming the rank and node where it started
+    """
+
+    failed_rank: "int" = betterproto2.field(4, betterproto2.TYPE_INT32)
+    """
+    rank the failure started at; -1 = none or unknown
+    """
+
+    failed_node: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    node the failure started at; "" = none
+    """
+
+    rank_exit_codes: "dict[int, int]" = betterproto2.field(
+        6,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_INT32, betterproto2.TYPE_INT32),
+    )
+    """
+    global rank -> exit code
+    """
+
+
+default_message_pool.register_message("lattice.v1", "LaunchDone", LaunchDone)
+
+
+@dataclass(eq=False, repr=False)
+class LaunchEvent(betterproto2.Message):
+    """
+    One event of a task launch (lattice launch / LaunchTasks): what its ranks wrote,
+    each rank's exit, and each node's end of the launch; the API's fan-in adds the
+    launch's end.
+
+    Oneofs:
+        - event:
+    """
+
+    node_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    node the event comes from ("" for the launch's end)
+    """
+
+    output: "LaunchOutput | None" = betterproto2.field(
+        2, betterproto2.TYPE_MESSAGE, optional=True, group="event"
+    )
+    """
+    a line a rank wrote
+    """
+
+    rank_exit: "RankExit | None" = betterproto2.field(
+        3, betterproto2.TYPE_MESSAGE, optional=True, group="event"
+    )
+    """
+    a rank ended
+    """
+
+    node_done: "LaunchDone | None" = betterproto2.field(
+        4, betterproto2.TYPE_MESSAGE, optional=True, group="event"
+    )
+    """
+    every rank on node_id has ended
+    """
+
+    done: "LaunchDone | None" = betterproto2.field(
+        5, betterproto2.TYPE_MESSAGE, optional=True, group="event"
+    )
+    """
+    every rank on every node has ended (last event)
+    """
+
+    start: "LaunchStart | None" = betterproto2.field(
+        6, betterproto2.TYPE_MESSAGE, optional=True, group="event"
+    )
+    """
+    the launch's layout (first event)
+    """
+
+
+default_message_pool.register_message("lattice.v1", "LaunchEvent", LaunchEvent)
+
+
+@dataclass(eq=False, repr=False)
+class LaunchOutput(betterproto2.Message):
+    rank: "int" = betterproto2.field(1, betterproto2.TYPE_INT32)
+    """
+    global rank
+    """
+
+    stream: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    "stdout" | "stderr"
+    """
+
+    line: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    the text, without trailing newline (invalid UTF-8 replaced)
+    """
+
+
+default_message_pool.register_message("lattice.v1", "LaunchOutput", LaunchOutput)
+
+
+@dataclass(eq=False, repr=False)
 class LaunchProcessesRequest(betterproto2.Message):
     allocation_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -1890,6 +2053,31 @@ class LaunchProcessesRequest(betterproto2.Message):
     agent addresses of all nodes of the launch, in rank order
     """
 
+    node_ids: "list[str]" = betterproto2.field(11, betterproto2.TYPE_STRING, repeated=True)
+    """
+    node ids of the launch, in rank order (peer_agents' nodes)
+    """
+
+    ranks_per_node: "list[int]" = betterproto2.field(12, betterproto2.TYPE_INT32, repeated=True)
+    """
+    ranks on each node of node_ids
+    """
+
+    cxi: "CxiCredentials | None" = betterproto2.field(13, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    Slingshot credentials for the ranks; unset = none
+    """
+
+    fence_timeout_seconds: "float" = betterproto2.field(14, betterproto2.TYPE_DOUBLE)
+    """
+    0 = the agent's node_agent.pmi_fence_timeout_seconds
+    """
+
+    tree_fanout: "int" = betterproto2.field(15, betterproto2.TYPE_INT32)
+    """
+    star up to this many nodes, two-level tree above; 0 = agent config
+    """
+
 
 default_message_pool.register_message(
     "lattice.v1", "LaunchProcessesRequest", LaunchProcessesRequest
@@ -1912,6 +2100,32 @@ class LaunchProcessesResponse(betterproto2.Message):
 default_message_pool.register_message(
     "lattice.v1", "LaunchProcessesResponse", LaunchProcessesResponse
 )
+
+
+@dataclass(eq=False, repr=False)
+class LaunchStart(betterproto2.Message):
+    task_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    launch id
+    """
+
+    node_ids: "list[str]" = betterproto2.field(2, betterproto2.TYPE_STRING, repeated=True)
+    """
+    nodes of the launch, in rank order
+    """
+
+    ranks_per_node: "list[int]" = betterproto2.field(3, betterproto2.TYPE_INT32, repeated=True)
+    """
+    ranks on each of node_ids
+    """
+
+    world_size: "int" = betterproto2.field(4, betterproto2.TYPE_INT32)
+    """
+    ranks of the launch
+    """
+
+
+default_message_pool.register_message("lattice.v1", "LaunchStart", LaunchStart)
 
 
 @dataclass(eq=False, repr=False)
@@ -1978,6 +2192,16 @@ class LaunchTasksResponse(betterproto2.Message):
     nodes: "list[str]" = betterproto2.field(2, betterproto2.TYPE_STRING, repeated=True)
     """
     nodes the tasks were started on
+    """
+
+    world_size: "int" = betterproto2.field(3, betterproto2.TYPE_INT32)
+    """
+    ranks of the launch
+    """
+
+    ranks_per_node: "list[int]" = betterproto2.field(4, betterproto2.TYPE_INT32, repeated=True)
+    """
+    ranks on each node, in node order (node i: ranks from the sum before it)
     """
 
 
@@ -3031,6 +3255,22 @@ default_message_pool.register_message("lattice.v1", "RaftStatus", RaftStatus)
 
 
 @dataclass(eq=False, repr=False)
+class RankExit(betterproto2.Message):
+    rank: "int" = betterproto2.field(1, betterproto2.TYPE_INT32)
+    """
+    global rank
+    """
+
+    exit_code: "int" = betterproto2.field(2, betterproto2.TYPE_INT32)
+    """
+    shell convention: 128+N for signal N
+    """
+
+
+default_message_pool.register_message("lattice.v1", "RankExit", RankExit)
+
+
+@dataclass(eq=False, repr=False)
 class ReadRequest(betterproto2.Message):
     query: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -3970,6 +4210,22 @@ default_message_pool.register_message(
 
 
 @dataclass(eq=False, repr=False)
+class WatchLaunchRequest(betterproto2.Message):
+    allocation_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    allocation id
+    """
+
+    task_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    launch id
+    """
+
+
+default_message_pool.register_message("lattice.v1", "WatchLaunchRequest", WatchLaunchRequest)
+
+
+@dataclass(eq=False, repr=False)
 class WatchStateRequest(betterproto2.Message):
     from_revision: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
     """
@@ -4568,6 +4824,28 @@ class AllocationServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def watch_launch(
+        self,
+        message: "WatchLaunchRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "AsyncIterator[LaunchEvent]":
+        """
+        Events of a task launch, fanned in from its nodes: rank output, rank exits, the end.
+        """
+
+        async for response in self._unary_stream(
+            "/lattice.v1.AllocationService/WatchLaunch",
+            message,
+            LaunchEvent,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
     async def attach(
         self,
         messages: "AsyncIterable[AttachInput] | Iterable[AttachInput]",
@@ -4975,6 +5253,30 @@ class NodeAgentServiceStub(betterproto2_grpclib.ServiceStub):
             deadline=deadline,
             metadata=metadata,
         )
+
+    async def watch_launch(
+        self,
+        message: "WatchLaunchRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "AsyncIterator[LaunchEvent]":
+        """
+        Events of a launch on this node from its start (kept a while after its end):
+        rank output, rank exits, then node_done. The API fans these in; the head agent
+        and its peers follow each other with it to spread aborts and notice lost agents.
+        """
+
+        async for response in self._unary_stream(
+            "/lattice.v1.NodeAgentService/WatchLaunch",
+            message,
+            LaunchEvent,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
 
 
 class NodeServiceStub(betterproto2_grpclib.ServiceStub):
@@ -5745,6 +6047,14 @@ class AllocationServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def watch_launch(self, message: "WatchLaunchRequest") -> "AsyncIterator[LaunchEvent]":
+        """
+        Events of a task launch, fanned in from its nodes: rank output, rank exits, the end.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield LaunchEvent()
+
     async def attach(self, messages: "AsyncIterator[AttachInput]") -> "AsyncIterator[AttachOutput]":
         """
         Interactive terminal on an allocation's node: first AttachInput carries AttachStart.
@@ -5908,6 +6218,17 @@ class AllocationServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.launch_tasks(request)
         await stream.send_message(response)
 
+    async def __rpc_watch_launch(
+        self, stream: "grpclib.server.Stream[WatchLaunchRequest, LaunchEvent]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        await self._call_rpc_handler_server_stream(
+            self.watch_launch,
+            stream,
+            request,
+        )
+
     async def __rpc_attach(
         self, stream: "grpclib.server.Stream[AttachInput, AttachOutput]"
     ) -> None:
@@ -6068,6 +6389,12 @@ class AllocationServiceBase(betterproto2_grpclib.ServiceBase):
                 LaunchTasksRequest,
                 LaunchTasksResponse,
             ),
+            "/lattice.v1.AllocationService/WatchLaunch": grpclib.const.Handler(
+                self.__rpc_watch_launch,
+                grpclib.const.Cardinality.UNARY_STREAM,
+                WatchLaunchRequest,
+                LaunchEvent,
+            ),
             "/lattice.v1.AllocationService/Attach": grpclib.const.Handler(
                 self.__rpc_attach,
                 grpclib.const.Cardinality.STREAM_STREAM,
@@ -6196,6 +6523,16 @@ class NodeAgentServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def watch_launch(self, message: "WatchLaunchRequest") -> "AsyncIterator[LaunchEvent]":
+        """
+        Events of a launch on this node from its start (kept a while after its end):
+        rank output, rank exits, then node_done. The API fans these in; the head agent
+        and its peers follow each other with it to spread aborts and notice lost agents.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield LaunchEvent()
+
     async def __rpc_sync_desired_state(
         self, stream: "grpclib.server.Stream[DesiredState, SyncAck]"
     ) -> None:
@@ -6247,6 +6584,17 @@ class NodeAgentServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.abort(request)
         await stream.send_message(response)
 
+    async def __rpc_watch_launch(
+        self, stream: "grpclib.server.Stream[WatchLaunchRequest, LaunchEvent]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        await self._call_rpc_handler_server_stream(
+            self.watch_launch,
+            stream,
+            request,
+        )
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/lattice.v1.NodeAgentService/SyncDesiredState": grpclib.const.Handler(
@@ -6284,6 +6632,12 @@ class NodeAgentServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 AbortRequest,
                 AbortResponse,
+            ),
+            "/lattice.v1.NodeAgentService/WatchLaunch": grpclib.const.Handler(
+                self.__rpc_watch_launch,
+                grpclib.const.Cardinality.UNARY_STREAM,
+                WatchLaunchRequest,
+                LaunchEvent,
             ),
         }
 
