@@ -8,6 +8,7 @@ agent end the launch on every node.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -258,3 +259,55 @@ def _alive(comm: str, node_id: str = "") -> list[int]:
 
 def _ranks_running(node_id: str) -> bool:
     return bool(_alive("ranksum", node_id))
+
+
+@pytest.fixture(scope="module")
+def fabric() -> Iterator[tuple[object, asyncio.AbstractEventLoop]]:
+    """The fake fabric manager on its own loop in a thread (the cluster is other processes)."""
+    from lattice_test_harness.fake_fabric import FakeFabricManager
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    fake = FakeFabricManager(token="fm-token")
+    asyncio.run_coroutine_threadsafe(fake.start(), loop).result(10)
+    yield fake, loop
+    asyncio.run_coroutine_threadsafe(fake.stop(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def test_cxi_credentials_per_launch(
+    tmp_path_factory: pytest.TempPathFactory, fabric: tuple[object, object]
+) -> None:
+    fake, _ = fabric
+    env = {
+        "LATTICE_NETWORK__FABRIC_MANAGER_URL": fake.url,  # type: ignore[attr-defined]
+        "LATTICE_FABRIC_MANAGER_TOKEN": "fm-token",
+    }
+    c = make_cluster(tmp_path_factory.mktemp("cxi"), members=1, agents=2, env=env)
+    try:
+        alloc = _two_node_allocation(c)
+        script = 'echo "$FI_PROVIDER $FI_CXI_DEFAULT_VNI $FI_CXI_AUTH_KEY"'
+        r = c.cli("-o", "json", "launch", f"--alloc={alloc}", "--pmi", "none",
+                  "--", "/bin/sh", "-c", script)  # fmt: skip
+        assert r.returncode == 0, r.stderr + r.stdout
+        evs = _events(r.stdout)
+        lines = {e["line"] for e in evs if e["type"] == "output"}
+        task_id = evs[0]["task_id"]
+        revoked = fake.revoked  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 10
+        while not revoked and time.monotonic() < deadline:  # revoked when the launch ends
+            time.sleep(0.05)
+        assert len(revoked) == 1
+        live = fake.services.values()  # type: ignore[attr-defined]
+        records = [s for s in live if s["launch_id"] == task_id]
+        created = [p for m, p in fake.requests if m == "POST"]  # type: ignore[attr-defined]
+        assert len(created) == 1
+        assert records == []  # no longer live
+        # every rank saw the same credentials the fabric manager handed out
+        assert len(lines) == 1
+        provider, vni, key = next(iter(lines)).split()
+        assert provider == "cxi" and int(vni) >= 1000 and len(key) == 64
+    finally:
+        c.cluster.stop()

@@ -23,9 +23,12 @@ what the runtime must remember to find the process again after an agent restart.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shlex
+import shutil
 import signal
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +37,8 @@ from lattice_common.types import Allocation
 from lattice_agent.procgroup import proc_stat
 
 __all__ = [
+    "AGENT_SOCKET",
+    "HYDRA_HOST_FILE",
     "AllocPaths",
     "Launched",
     "check_alloc_id",
@@ -44,6 +49,9 @@ __all__ = [
 ]
 
 _SHELL = "/bin/sh"
+#: in the allocation's work dir: its agent socket (lattice_agent.hydra) and Hydra's host file
+AGENT_SOCKET = "agent.sock"
+HYDRA_HOST_FILE = "hydra-hosts"
 # argv: $0=lattice-wrapper $1=cwd $2=exit file, then the command (/bin/sh -c <entrypoint>).
 # `trap : TERM` catches SIGTERM in the wrapper only (reset to default by exec in the child).
 _WRAPPER = (
@@ -119,11 +127,38 @@ def read_exit_file(path: Path) -> int | None:
         return None
 
 
+@functools.cache
+def mpi_launcher() -> str:
+    """Absolute path of the installed ``lattice-mpi-launcher`` ("" when it is not installed)."""
+    name = "lattice-mpi-launcher"
+    beside = Path(sysconfig.get_path("scripts")) / name  # the agent's own environment
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which(name)
+    return os.path.abspath(found) if found else ""
+
+
 def environment(
     alloc: Allocation, nodes: list[str], node_id: str, submit_dir: str, alloc_dir: Path
 ) -> dict[str, str]:
-    """The agent's environment, then the spec's, then LATTICE_* and their SLURM_* twins."""
+    """The agent's environment, then Hydra's, the spec's, LATTICE_* and their SLURM_* twins.
+
+    Hydra (``mpirun``) is pointed at the agents instead of ssh (spec: Direct mpirun):
+    ``HYDRA_LAUNCHER=ssh`` with ``HYDRA_LAUNCHER_EXEC=lattice-mpi-launcher``, the
+    allocation's nodes in ``HYDRA_HOST_FILE`` and ``LATTICE_AGENT_SOCKET``, the
+    allocation's own agent socket the launcher talks to (both files are made by
+    ``lattice_agent.hydra``). The spec's env may override the HYDRA_* ones.
+    """
     env = dict(os.environ)
+    launcher = mpi_launcher()
+    if launcher:
+        env.update(
+            {
+                "HYDRA_LAUNCHER": "ssh",
+                "HYDRA_LAUNCHER_EXEC": launcher,
+                "HYDRA_HOST_FILE": str(alloc_dir / HYDRA_HOST_FILE),
+            }
+        )
     env.update(alloc.spec.env)
     nodelist = ",".join(nodes)
     name = job_name(alloc)
@@ -136,6 +171,7 @@ def environment(
             "LATTICE_SUBMIT_DIR": submit_dir,
             "LATTICE_NODE_ID": node_id,
             "LATTICE_WORK_DIR": str(alloc_dir),
+            "LATTICE_AGENT_SOCKET": str(alloc_dir / AGENT_SOCKET),
             "SLURM_JOB_ID": alloc.id,
             "SLURM_JOB_NODELIST": nodelist,
             "SLURM_NNODES": str(len(nodes)),
