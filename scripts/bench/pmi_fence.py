@@ -46,6 +46,7 @@ for pkg in ("lattice-node-agent", "lattice-common", "lattice-quorum", "lattice-a
 from grpclib.client import Channel  # noqa: E402
 from grpclib.server import Server  # noqa: E402
 from lattice_agent.pmi.fence import FenceCoordinator, FenceRegistry  # noqa: E402
+from lattice_agent.pmi.wire import decode_kvs, encode_kvs  # noqa: E402
 from lattice_agent.service import NodeAgentService  # noqa: E402
 from lattice_common.proto.lattice import v1  # noqa: E402
 
@@ -79,7 +80,11 @@ async def fence_size(
         for epoch in range(epochs + 1):  # epoch 0: warm-up (connections, first encode)
             reqs = [
                 v1.PmiFenceRequest(
-                    allocation_id="bench", task_id=task, epoch=epoch, node_id=nd, kvs=kvs[nd]
+                    allocation_id="bench",
+                    task_id=task,
+                    epoch=epoch,
+                    node_id=nd,
+                    kvs_json=encode_kvs(kvs[nd]),
                 )
                 for nd in nodes
             ]
@@ -88,7 +93,7 @@ async def fence_size(
                 *(stub.pmi_fence(req) for stub, req in zip(stubs, reqs, strict=True))
             )
             dt = time.perf_counter() - t0
-            assert all(len(rep.kvs) == n * keys for rep in replies)
+            assert all(len(decode_kvs(rep.kvs_json)) == n * keys for rep in replies)
             if epoch:
                 samples.append(dt)
         return median(samples) * 1000

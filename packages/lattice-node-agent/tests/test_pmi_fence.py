@@ -21,6 +21,7 @@ from lattice_agent.pmi.fence import (
     FenceTimeout,
     UnknownNode,
 )
+from lattice_agent.pmi.wire import decode_kvs, encode_kvs
 from lattice_agent.service import NodeAgentService
 from lattice_common.proto.lattice import v1
 
@@ -190,7 +191,7 @@ async def served(tmp_path: Path) -> Any:
 
 def _request(node: str, epoch: int, kvs: dict[str, str], task: str = "t0") -> v1.PmiFenceRequest:
     return v1.PmiFenceRequest(
-        allocation_id="alloc", task_id=task, epoch=epoch, node_id=node, kvs=kvs
+        allocation_id="alloc", task_id=task, epoch=epoch, node_id=node, kvs_json=encode_kvs(kvs)
     )
 
 
@@ -211,7 +212,7 @@ async def test_grpc_fence_of_four_concurrent_agents(served: Any) -> None:
             expected = {f"{n}-e{epoch}": f"card-{n}" for n in nodes}  # this epoch's keys
             for reply in replies:
                 assert reply.epoch == epoch
-                assert dict(reply.kvs) == expected
+                assert decode_kvs(reply.kvs_json) == expected
     finally:
         for ch in channels:
             ch.close()

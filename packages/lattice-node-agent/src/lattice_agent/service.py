@@ -33,6 +33,7 @@ from lattice_agent.pmi.fence import (
     UnknownNode,
 )
 from lattice_agent.pmi.launches import LaunchManager
+from lattice_agent.pmi.wire import PmiProtocolError, decode_kvs, encode_kvs
 from lattice_agent.runtime import ProcessRuntime
 
 
@@ -120,7 +121,11 @@ class NodeAgentService(v1.NodeAgentServiceBase):
                 f"of allocation {message.allocation_id!r}",
             )
         try:
-            kvs = await coordinator.contribute(message.epoch, message.node_id, message.kvs)
+            puts = decode_kvs(message.kvs_json)
+        except PmiProtocolError as e:
+            raise grpclib.GRPCError(Status.INVALID_ARGUMENT, str(e)) from e
+        try:
+            kvs = await coordinator.contribute(message.epoch, message.node_id, puts)
         except FenceTimeout as e:
             raise grpclib.GRPCError(Status.DEADLINE_EXCEEDED, str(e)) from e
         except FenceAborted as e:
@@ -131,7 +136,7 @@ class NodeAgentService(v1.NodeAgentServiceBase):
             raise grpclib.GRPCError(Status.FAILED_PRECONDITION, str(e)) from e
         except FenceError as e:
             raise grpclib.GRPCError(Status.FAILED_PRECONDITION, str(e)) from e
-        return v1.PmiFenceResponse(epoch=message.epoch, kvs=kvs)
+        return v1.PmiFenceResponse(epoch=message.epoch, kvs_json=encode_kvs(kvs))
 
     async def abort(self, message: v1.AbortRequest) -> v1.AbortResponse:
         if not message.task_id:

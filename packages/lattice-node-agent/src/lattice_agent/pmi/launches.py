@@ -54,6 +54,7 @@ from lattice_agent.pmi.server import (
     local_fence,
 )
 from lattice_agent.pmi.tree import fence_topology
+from lattice_agent.pmi.wire import PmiProtocolError, decode_kvs, encode_kvs
 from lattice_agent.spawn import AllocPaths, environment
 
 log = logging.getLogger("lattice.agent.launch")
@@ -393,7 +394,7 @@ class LaunchManager:
                 task_id=al.request.task_id,
                 epoch=epoch,
                 node_id=self.node_id,
-                kvs=puts,
+                kvs_json=encode_kvs(puts),
             )
             try:
                 resp = await self.channels.stub(al.addresses[parent]).pmi_fence(
@@ -405,7 +406,10 @@ class LaunchManager:
                 raise RuntimeError(f"node {parent}: {e.message or e.status.name}") from None
             except (StreamTerminatedError, OSError) as e:
                 raise RuntimeError(f"node {parent} unreachable: {e}") from None
-            return resp.kvs
+            try:
+                return decode_kvs(resp.kvs_json)
+            except PmiProtocolError as e:
+                raise RuntimeError(f"node {parent}: {e}") from None
 
         return send
 

@@ -29,6 +29,8 @@ once per connection.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -414,3 +416,23 @@ class PmiDecoder:
                 self._mcmd_size = 0
                 return _parse_mcmd(lines)
             self._mcmd.append(line)
+
+
+def encode_kvs(kvs: Mapping[str, str]) -> bytes:
+    """A fence's key-value pairs on the wire between agents (PmiFence ``kvs_json``)."""
+    return json.dumps(kvs, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_kvs(raw: bytes) -> dict[str, str]:
+    """``encode_kvs``' inverse; PmiProtocolError unless it is one JSON object of strings."""
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise PmiProtocolError(f"fence keys are not JSON: {e}") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
+        raise PmiProtocolError("fence keys must be one JSON object of strings")
+    return data
