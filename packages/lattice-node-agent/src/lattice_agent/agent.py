@@ -25,6 +25,7 @@ from lattice_common.types import Allocation, AllocationReport, Node, NodeCapabil
 from lattice_common.wire import from_message, to_message
 from prometheus_client import Histogram
 
+from lattice_agent.hydra import HydraSockets
 from lattice_agent.pmi.fence import FenceRegistry
 from lattice_agent.pmi.launches import LaunchManager
 from lattice_agent.reconcile import Forget, Start, Stop, reconcile
@@ -115,6 +116,15 @@ class Agent:
             tree_fanout=pmi_tree_fanout,
             slurm_env=slurm_env,
         )
+        # per-allocation sockets for lattice-mpi-launcher (mpirun without ssh)
+        self.hydra = HydraSockets(
+            node_id,
+            work_dir=work_dir,
+            launches=self.launches,
+            channels=self.agents,
+            address_of=self._agent_address,
+            allocation=self.assigned.get,
+        )
         self.attempts: dict[str, int] = {}
         self.generation = 0
         self.sequence = 0
@@ -160,6 +170,7 @@ class Agent:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self._server.close()
+            await self.hydra.close()
             await self.launches.close()  # ranks cannot outlive their PMI server
             await self.runtime.close()  # workloads keep running (KillMode=process)
             self.endpoints.close()
@@ -167,6 +178,10 @@ class Agent:
 
     def _stub(self) -> v1.NodeServiceStub:
         return v1.NodeServiceStub(self.endpoints.channel(), metadata=self.metadata)
+
+    async def _agent_address(self, node_id: str) -> str:
+        node = await self._stub().get_node(v1.GetNodeRequest(id=node_id), timeout=10)
+        return node.agent_address
 
     def _on_runtime_change(self, report: AllocationReport) -> None:
         # an exit must reach the quorum at once; a start is already known there
@@ -302,6 +317,7 @@ class Agent:
         self.assigned.clear()
         self.assigned.update((a.id, a) for a in desired)
         self.launches.end_allocations(set(self.assigned))
+        await self.hydra.sync(self.assigned)
         actions = reconcile(self.node_id, desired, self.runtime.reports(), self.attempts)
         for act in actions:
             if isinstance(act, Stop):

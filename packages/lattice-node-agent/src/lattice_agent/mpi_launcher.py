@@ -53,8 +53,8 @@ _FLAGS = frozenset("46AaCfGgKkMNnqsTtVvXxYy")
 _NO_SOCKET = (
     "lattice-mpi-launcher: not inside a Lattice allocation (LATTICE_AGENT_SOCKET unset). "
     "Hint: it is Hydra's (mpirun's) remote launcher and only works in an allocation's "
-    "environment, where the agent sets HYDRA_LAUNCHER_EXEC to it; outside one use "
-    "`lattice launch` or run mpirun inside `lattice submit`/`lattice salloc`."
+    "environment, where the agent sets HYDRA_LAUNCHER_EXEC to it: run mpirun in a "
+    "job (`lattice submit`), or start MPI ranks with `lattice launch`."
 )
 
 
@@ -144,7 +144,10 @@ async def run(socket_path: str, alloc_id: str, host: str, command: str) -> int:
                     sink.write(ev.output.line.encode("utf-8", "surrogateescape") + b"\n")
                     sink.flush()
                 elif ev.node_done is not None:
-                    if ev.node_done.aborted and ev.node_done.reason:
+                    done = ev.node_done
+                    if done.aborted and done.failed_rank < 0 and done.reason:
+                        # killed from outside (the allocation ended, ...); an ordinary
+                        # non-zero exit of the command speaks for itself, as with ssh
                         err.write(f"lattice-mpi-launcher: {host}: {ev.node_done.reason}\n".encode())
                         err.flush()
                     return ev.node_done.exit_status
