@@ -207,33 +207,28 @@ async def fanout(ports: list[int], runs: int) -> dict[str, Any]:
     peers = [f"127.0.0.1:{p}" for p in ports]
     layout = [RANKS_PER_NODE] * n
 
-    def requests(task_id: str) -> list[v1.LaunchProcessesRequest]:
-        return [
-            v1.LaunchProcessesRequest(
-                allocation_id="bench-alloc",
-                task_id=task_id,
-                argv=["./a.out", "--steps", "100"],
-                first_rank=i * RANKS_PER_NODE,
-                local_tasks=RANKS_PER_NODE,
-                world_size=n * RANKS_PER_NODE,
-                env={"OMP_NUM_THREADS": "8"},
-                working_dir="/home/bench/run",
-                mpi="pmi1",
-                peer_agents=peers,
-                node_ids=nodes,
-                ranks_per_node=layout,
-            )
-            for i in range(n)
-        ]
+    def request(task_id: str) -> v1.LaunchProcessesRequest:
+        return v1.LaunchProcessesRequest(
+            allocation_id="bench-alloc",
+            task_id=task_id,
+            argv=["./a.out", "--steps", "100"],
+            world_size=n * RANKS_PER_NODE,
+            env={"OMP_NUM_THREADS": "8"},
+            working_dir="/home/bench/run",
+            mpi="pmi1",
+            peer_agents=peers,
+            node_ids=nodes,
+            ranks_per_node=layout,
+        )
 
     samples: list[float] = []
     cpu: list[float] = []
     cold = float("nan")
     try:
         for run in range(runs + 1):
-            reqs = requests(f"task-{run}")
+            template = request(f"task-{run}")
             c0, t0 = time.process_time(), time.perf_counter()
-            await ops._fan_out("bench-alloc", f"task-{run}", nodes, reqs)
+            await ops._fan_out(template)
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
             if run == 0:
                 cold = dt

@@ -52,6 +52,7 @@ class NodeAgentService(v1.NodeAgentServiceBase):
         #: the cross-node PMI fences this agent collects
         self.fences = fences if fences is not None else FenceRegistry()
         self.launches = launches
+        self._last_fence: tuple[dict[str, str], bytes] | None = None
 
     async def stream_logs(self, message: v1.LogRequest) -> AsyncIterator[v1.LogLine]:
         """``tail`` < 0 (or 0 without follow): all history; N > 0: the last N lines."""
@@ -136,7 +137,17 @@ class NodeAgentService(v1.NodeAgentServiceBase):
             raise grpclib.GRPCError(Status.FAILED_PRECONDITION, str(e)) from e
         except FenceError as e:
             raise grpclib.GRPCError(Status.FAILED_PRECONDITION, str(e)) from e
-        return v1.PmiFenceResponse(epoch=message.epoch, kvs_json=encode_kvs(kvs))
+        return v1.PmiFenceResponse(epoch=message.epoch, kvs_json=self._encoded(kvs))
+
+    def _encoded(self, kvs: dict[str, str]) -> bytes:
+        """The epoch's keys as sent: encoded once for all the waiters of one fence epoch
+        (they resume one after the other with the same mapping)."""
+        last = self._last_fence
+        if last is not None and last[0] is kvs:
+            return last[1]
+        raw = encode_kvs(kvs)
+        self._last_fence = (kvs, raw)
+        return raw
 
     async def abort(self, message: v1.AbortRequest) -> v1.AbortResponse:
         if not message.task_id:

@@ -302,32 +302,22 @@ class LaunchOps:
             creds = await self.fabric.provision(a.id, task_id, nodes)
             service_id = creds.service_id
             cxi = v1.CxiCredentials(vni=creds.vni, auth_key=creds.auth_key, svc_id=creds.svc_id)
-        peers = [addresses[n] for n in nodes]
         world = sum(layout)
+        template = v1.LaunchProcessesRequest(
+            allocation_id=a.id,
+            task_id=task_id,
+            argv=argv,
+            world_size=world,
+            env=env,
+            working_dir=str(body.get("working_dir") or ""),
+            mpi=mpi,
+            peer_agents=[addresses[n] for n in nodes],
+            node_ids=nodes,
+            ranks_per_node=layout,
+            cxi=cxi,
+        )
         try:
-            await self._fan_out(
-                a.id,
-                task_id,
-                nodes,
-                [
-                    v1.LaunchProcessesRequest(
-                        allocation_id=a.id,
-                        task_id=task_id,
-                        argv=argv,
-                        first_rank=sum(layout[:i]),
-                        local_tasks=layout[i],
-                        world_size=world,
-                        env=env,
-                        working_dir=str(body.get("working_dir") or ""),
-                        mpi=mpi,
-                        peer_agents=peers,
-                        node_ids=nodes,
-                        ranks_per_node=layout,
-                        cxi=cxi,
-                    )
-                    for i in range(len(nodes))
-                ],
-            )
+            await self._fan_out(template)
         except BaseException:
             if service_id:
                 await self._revoke(service_id)
@@ -337,19 +327,29 @@ class LaunchOps:
         log.info("launch %s in %s by %s: %d ranks on %s", task_id, a.id, who.user, world, nodes)
         return {"task_id": task_id, "nodes": nodes, "world_size": world, "ranks_per_node": layout}
 
-    async def _fan_out(
-        self, alloc_id: str, task_id: str, nodes: list[str], reqs: list[v1.LaunchProcessesRequest]
-    ) -> None:
-        """LaunchProcesses to every node at once; any refusal aborts the others and is raised."""
+    async def _fan_out(self, template: v1.LaunchProcessesRequest) -> None:
+        """LaunchProcesses to every node of ``template`` at once (node i gets the ranks
+        after those of the nodes before it); any refusal aborts the others and is raised.
 
-        calls = [
-            asyncio.create_task(
-                self.agents.stub(req.peer_agents[i]).launch_processes(
-                    req, timeout=self.fanout_timeout
+        The launch-wide fields (the node and peer lists grow with the launch) are encoded
+        once; each node's request is its own first_rank/local_tasks followed by them, which
+        protobuf reads as one message (fields of concatenated encodings merge).
+        """
+        nodes = list(template.node_ids)
+        peers = list(template.peer_agents)
+        shared = bytes(template)
+        first = 0
+        calls = []
+        for i, count in enumerate(template.ranks_per_node):
+            own = bytes(v1.LaunchProcessesRequest(first_rank=first, local_tasks=count))
+            first += count
+            calls.append(
+                asyncio.create_task(
+                    self.agents.stub(peers[i]).launch_processes(
+                        _Encoded.of(own + shared), timeout=self.fanout_timeout
+                    )
                 )
             )
-            for i, req in enumerate(reqs)
-        ]
         results = await asyncio.gather(*calls, return_exceptions=True)
         failed = [(nodes[i], r) for i, r in enumerate(results) if isinstance(r, BaseException)]
         if not failed:
@@ -357,8 +357,8 @@ class LaunchOps:
         node, exc = failed[0]
         err = _as_error(node, exc)
         abort = v1.AbortRequest(
-            allocation_id=alloc_id,
-            task_id=task_id,
+            allocation_id=template.allocation_id,
+            task_id=template.task_id,
             reason=f"the launch could not start on node {node}: {err.message}",
             exit_status=1,
             failed_rank=-1,
@@ -366,7 +366,7 @@ class LaunchOps:
         )
         await asyncio.gather(
             *(
-                self.agents.stub(reqs[i].peer_agents[i]).abort(abort, timeout=10)
+                self.agents.stub(peers[i]).abort(abort, timeout=10)
                 for i in range(len(nodes))
                 if nodes[i] != node
             ),
@@ -471,6 +471,22 @@ class LaunchOps:
             t.cancel()
         with contextlib.suppress(Exception):
             await asyncio.gather(*self._supervisors, return_exceptions=True)
+
+
+class _Encoded(v1.LaunchProcessesRequest):
+    """A LaunchProcessesRequest sent as bytes put together beforehand (see ``_fan_out``)."""
+
+    @classmethod
+    def of(cls, wire: bytes) -> _Encoded:
+        msg = cls()
+        object.__setattr__(msg, "_lattice_wire", wire)
+        return msg
+
+    def SerializeToString(self) -> bytes:
+        return self._lattice_wire  # type: ignore[attr-defined, no-any-return]
+
+    def __bytes__(self) -> bytes:
+        return self._lattice_wire  # type: ignore[attr-defined, no-any-return]
 
 
 async def _chain(

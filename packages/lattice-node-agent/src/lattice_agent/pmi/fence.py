@@ -166,8 +166,8 @@ class FenceCoordinator:
             self._complete()
         # shield: one cancelled waiter (a client that went away) must not
         # cancel the round for everybody else
-        merged = await asyncio.shield(future)
-        return dict(merged)
+        # every waiter gets the same (read-only) mapping: the service encodes it once
+        return await asyncio.shield(future)
 
     def abort(self, reason: str) -> None:
         """Fail every current waiter and every later contribution with FenceAborted."""
