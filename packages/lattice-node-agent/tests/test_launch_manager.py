@@ -218,8 +218,22 @@ async def test_layout_is_checked_and_nothing_starts(tmp_path: Path) -> None:
             await stub.launch_processes(pmix)
         err = decode_grpc_error(e.value)
         assert e.value.status == grpclib.const.Status.UNIMPLEMENTED
-        assert "OpenPMIx" in err.hint and "--pmi=pmi2" in err.hint
+        assert "OpenPMIx" in err.message + err.hint and "--pmi=pmi2" in err.hint
         assert a.managers[0]._launches == {}
+
+
+def test_pmix_refusal_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctypes.util
+
+    from lattice_agent.pmi.launches import pmix_refusal
+
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    err = pmix_refusal("n0")
+    assert "libpmix) is not installed" in err.message and "libpmix-dev" in err.hint
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libpmix.so.2")
+    err = pmix_refusal("n0")
+    assert "has OpenPMIx (libpmix.so.2" in err.message and "no PMIx sidecar" in err.message
+    assert "--pmi=pmi2" in err.hint
 
 
 async def test_agent_refuses_calls_without_its_token(tmp_path: Path) -> None:

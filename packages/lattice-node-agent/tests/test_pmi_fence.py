@@ -259,3 +259,23 @@ async def test_grpc_errors_map_to_status_codes(served: Any) -> None:
         assert await waiter == Status.ABORTED
     finally:
         ch.close()
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"[1, 2]", b'{"k": 1}', b"\xff\xfe"])
+async def test_grpc_malformed_keys_are_refused_and_nothing_is_stored(
+    served: Any, raw: bytes
+) -> None:
+    registry, port = served
+    registry.register("alloc", "t0", FenceCoordinator(["n0", "n1"]))
+    ch = Channel("127.0.0.1", port)
+    try:
+        req = v1.PmiFenceRequest(
+            allocation_id="alloc", task_id="t0", epoch=0, node_id="n0", kvs_json=raw
+        )
+        with pytest.raises(grpclib.GRPCError) as err:
+            await v1.NodeAgentServiceStub(ch).pmi_fence(req)
+        assert err.value.status == Status.INVALID_ARGUMENT
+        coordinator = registry.get("alloc", "t0")
+        assert coordinator.kvs == {} and coordinator.epoch == 0
+    finally:
+        ch.close()

@@ -69,11 +69,6 @@ MAX_EVENTS = 100_000
 #: A peer whose launch stream stays broken this long is declared lost
 PEER_LOST_AFTER = 5.0
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_PMIX_HINT = (
-    "PMIx mode needs OpenPMIx's server and Lattice's PMIx host shim on the node, and this "
-    "agent has no PMIx sidecar. Install OpenPMIx (Debian: libpmix-dev, libpmix-bin) for "
-    "OpenMPI, or launch with --pmi=pmi2 (MPICH, Cray MPICH, OpenMPI with OMPI_MCA_pmix=pmi2)."
-)
 
 
 @dataclass
@@ -109,6 +104,28 @@ class AgentLaunch:
             self.dropped += drop
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()
+
+
+def pmix_refusal(node_id: str) -> Unimplemented:
+    """Why a ``--pmi=pmix`` launch cannot run here, naming what is missing."""
+    import ctypes.util
+    import shutil
+
+    library = ctypes.util.find_library("pmix")
+    server = shutil.which("pmix_server") or shutil.which("prte")
+    if library is None:
+        return Unimplemented(
+            f"node {node_id} cannot serve PMIx launches: OpenPMIx (libpmix) is not installed",
+            hint="Install OpenPMIx on the nodes (Debian: libpmix-dev libpmix-bin), or launch "
+            "with --pmi=pmi2 (MPICH, Cray MPICH; OpenMPI with OMPI_MCA_pmix=pmi2).",
+        )
+    return Unimplemented(
+        f"node {node_id} has OpenPMIx ({library}"
+        + (f", {server}" if server else "")
+        + ") but this agent has no PMIx sidecar to serve it",
+        hint="Launch with --pmi=pmi2: MPICH and Cray MPICH speak it natively, OpenMPI "
+        "with OMPI_MCA_pmix=pmi2.",
+    )
 
 
 class LaunchManager:
@@ -236,7 +253,7 @@ class LaunchManager:
                 f"unknown PMI mode {req.mpi!r}", hint="Use pmi1, pmi2, pmix or none."
             )
         if req.mpi == "pmix":
-            raise Unimplemented(f"node {self.node_id} cannot serve PMIx launches", hint=_PMIX_HINT)
+            raise pmix_refusal(self.node_id)
         if req.world_size < 1 or req.local_tasks < 1 or req.first_rank < 0:
             raise ValidationError("world_size and local_tasks must be >= 1, first_rank >= 0")
         if req.first_rank + req.local_tasks > req.world_size:
