@@ -39,9 +39,15 @@ WIRE: dict[type[msgspec.Struct], type[betterproto2.Message]] = {
     types.CostWeights: v1.CostWeights,
     types.VCluster: v1.VCluster,
     types.AllocationReport: v1.AllocationReport,
+    types.Dependency: v1.Dependency,
+    types.DagEdge: v1.DagEdge,
 }
 # Records of types.py that deliberately never travel on their own (add with a reason).
-NOT_ON_THE_WIRE: set[type[msgspec.Struct]] = set()
+NOT_ON_THE_WIRE: set[type[msgspec.Struct]] = {
+    # the stored form (member ids by ref); the wire's Dag carries each member's state,
+    # put together from the member allocations by the API
+    types.Dag,
+}
 
 _INT_TYPES = {
     betterproto2.TYPE_INT32,
@@ -86,6 +92,7 @@ def _spec() -> types.AllocationSpec:
         request_id="req-1",
         min_nodes=2,
         wait_for_capacity=True,
+        depends_on=[types.Dependency(ref="a1b2c3d4", condition="success")],
     )
 
 
@@ -110,6 +117,9 @@ def _allocation() -> types.Allocation:
         pending_reason="waiting for quota headroom",
         estimated_start=1_700_000_900.25,
         estimate_basis=types.ESTIMATE_SIMULATION,
+        dag_id="d0000001",
+        dag_ref="train",
+        held=True,
         checkpoint_hint_at=1700000060.5,
         revision=2**40 + 7,  # beyond 32 bits on purpose
     )
@@ -274,6 +284,8 @@ SAMPLES: dict[type[msgspec.Struct], typing.Callable[[], msgspec.Struct]] = {
     types.CostWeights: _weights,
     types.VCluster: _vcluster,
     types.AllocationReport: _report,
+    types.Dependency: lambda: types.Dependency(ref="train", condition="failure"),
+    types.DagEdge: lambda: types.DagEdge(upstream="train", downstream="eval", condition="any"),
 }
 
 
@@ -510,7 +522,6 @@ def test_wire_empty_required_fields_decode_as_empty_for_validation_to_report():
 def test_wire_request_only_fields_are_ignored_by_the_record():
     message = to_message(_spec(), v1.AllocationSpec)
     message.walltime = "72h"
-    message.depends_on = [v1.Dependency(ref="a-1", condition="success")]
     message.liveness_probe = v1.LivenessProbeSpec(probe_type="http", port=8080, path="/healthz")
     assert from_message(message, types.AllocationSpec) == _spec()
 

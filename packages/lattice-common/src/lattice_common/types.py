@@ -116,6 +116,42 @@ NEVER_PREEMPTED_CLASS = 10
 """Preemption class of sensitive and critical work: never a preemption victim."""
 
 
+class Dependency(msgspec.Struct, frozen=True):
+    """One incoming dependency edge (proto ``Dependency``): run after ``ref`` ends in a way
+    ``condition`` accepts (success | failure | any | corresponding | mutex; see
+    lattice_common.dag). Inside a DAG ``ref`` is a member's DAG-local id; for ``mutex``
+    it is the mutex name."""
+
+    ref: str
+    condition: str = "success"
+
+
+class DagEdge(msgspec.Struct, frozen=True):
+    """One edge of a stored DAG (proto ``DagEdge``), between DAG-local ids."""
+
+    upstream: str
+    downstream: str
+    condition: str
+
+
+class Dag(msgspec.Struct, kw_only=True):
+    """A workflow of allocations submitted as one unit. Its members are ordinary
+    allocations tagged with ``dag_id``/``dag_ref``; dependency resolution runs in the
+    quorum's apply when a member ends (lattice_quorum.handlers.dags)."""
+
+    id: str
+    name: str = ""
+    tenant: str = ""
+    user: str = ""
+    members: dict[str, str] = msgspec.field(default_factory=dict)  # ref -> allocation id
+    edges: list[DagEdge] = msgspec.field(default_factory=list)
+    state: str = "Running"  # Running | Completed | Failed | Cancelled
+    submitted_at: float = 0.0
+    finished_at: float | None = None
+    cancel_requested: bool = False
+    revision: int = 0
+
+
 class AllocationSpec(msgspec.Struct, kw_only=True):
     """What a user asks for. Validated by the API before anything is stored."""
 
@@ -141,6 +177,7 @@ class AllocationSpec(msgspec.Struct, kw_only=True):
     # accept even when the vCluster cannot offer the nodes or constraints (yet): the
     # allocation waits for capacity instead of being refused at submit
     wait_for_capacity: bool = False
+    depends_on: list[Dependency] = msgspec.field(default_factory=list)
 
 
 class Allocation(msgspec.Struct, kw_only=True):
@@ -164,6 +201,9 @@ class Allocation(msgspec.Struct, kw_only=True):
     pending_reason: str = ""  # the scheduler's last word on why it is still Pending
     estimated_start: float | None = None  # the scheduler's estimate (Pending only)
     estimate_basis: str = ""  # now | reservation | simulation ("" = no estimate)
+    dag_id: str = ""  # the DAG it belongs to, "" when submitted alone
+    dag_ref: str = ""  # its DAG-local id
+    held: bool = False  # Pending but waiting for its dependencies (not in any queue)
     revision: int = 0  # GlobalState revision of the last change
 
     @property

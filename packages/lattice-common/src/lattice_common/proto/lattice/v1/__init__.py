@@ -345,6 +345,16 @@ class Allocation(betterproto2.Message):
     how the estimate was made: now | reservation | simulation
     """
 
+    dag_ref: "str" = betterproto2.field(23, betterproto2.TYPE_STRING)
+    """
+    its DAG-local id, "" when submitted alone
+    """
+
+    held: "bool" = betterproto2.field(24, betterproto2.TYPE_BOOL)
+    """
+    Pending but waiting for its dependencies (a DAG member's "Blocked")
+    """
+
 
 default_message_pool.register_message("lattice.v1", "Allocation", Allocation)
 
@@ -1287,7 +1297,7 @@ class Dependency(betterproto2.Message):
 
     condition: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
     """
-    success | failure | any | corresponding
+    success | failure | any | corresponding | mutex (ref = mutex name)
     """
 
 
