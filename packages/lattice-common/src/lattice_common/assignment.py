@@ -158,6 +158,12 @@ def check_assignment(
             f"allocation {a.id} is {a.state.value}, not Pending",
             details={"allocation": a.id, "state": a.state.value},
         )
+    if a.held:
+        raise InvalidTransition(
+            f"allocation {a.id} waits for its dependencies",
+            details={"allocation": a.id, "dag": a.dag_id},
+            hint="It enters the queue when its DAG's conditions hold.",
+        )
     check_fresh("allocation", a.id, a.revision, expected_revision)
     if not node_ids or len(set(node_ids)) != len(node_ids):
         raise ValidationError("assign needs a non-empty list of distinct nodes")

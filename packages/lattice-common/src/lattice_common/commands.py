@@ -17,6 +17,7 @@ from lattice_common.types import (
     AllocationSpec,
     AllocationState,
     CostWeights,
+    Dag,
     Node,
     NodeCapabilities,
     NodeState,
@@ -64,6 +65,32 @@ class SubmitTaskGroup(Command, tag="submit_task_group"):
     end: int
     step: int = 1
     concurrency: int = 0
+
+
+class DagMemberSubmission(msgspec.Struct, kw_only=True):
+    """One member of a DAG submission: its DAG-local id and its allocation (whose
+    ``depends_on`` names other members' refs)."""
+
+    ref: str
+    spec: AllocationSpec
+
+
+class SubmitDag(Command, tag="submit_dag"):
+    """A workflow as one unit: every member becomes an allocation tagged with the DAG;
+    members with dependencies are held until the quorum releases them (or cancels them)
+    as their predecessors end. Rejected as a whole when the graph is invalid."""
+
+    name: str
+    members: list[DagMemberSubmission]
+    request_id: str = ""
+    max_size: int = 1000
+
+
+class CancelDag(Command, tag="cancel_dag"):
+    """Cancel every member of a DAG that has not ended."""
+
+    dag_id: str
+    reason: str = "DAG cancelled"
 
 
 class AssignNodes(Command, tag="assign_nodes"):
@@ -196,6 +223,8 @@ AnyCommand = (
     | ReportConformance
     | SubmitAllocation
     | SubmitTaskGroup
+    | SubmitDag
+    | CancelDag
     | AssignNodes
     | ReleaseNodeClaim
     | ScaleAllocation
@@ -239,7 +268,8 @@ class CommandResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     vcluster: VCluster | None = None
     results: list[CommandResult] | None = None  # for Batch
     task_group_id: str = ""  # for SubmitTaskGroup
-    allocations: list[Allocation] | None = None  # for SubmitTaskGroup
+    allocations: list[Allocation] | None = None  # for SubmitTaskGroup, SubmitDag, CancelDag
+    dag: Dag | None = None  # for SubmitDag, CancelDag
 
 
 _result_encoder = msgspec.msgpack.Encoder()

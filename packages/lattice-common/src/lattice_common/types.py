@@ -134,7 +134,7 @@ class DagEdge(msgspec.Struct, frozen=True):
     condition: str
 
 
-class Dag(msgspec.Struct, kw_only=True):
+class Dag(msgspec.Struct, kw_only=True, dict=True):
     """A workflow of allocations submitted as one unit. Its members are ordinary
     allocations tagged with ``dag_id``/``dag_ref``; dependency resolution runs in the
     quorum's apply when a member ends (lattice_quorum.handlers.dags)."""

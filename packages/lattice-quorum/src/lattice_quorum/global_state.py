@@ -9,7 +9,7 @@ classes.
 from __future__ import annotations
 
 import msgspec
-from lattice_common.types import Allocation, Node, Tenant, VCluster
+from lattice_common.types import Allocation, Dag, Node, Tenant, VCluster
 
 
 class GlobalState(msgspec.Struct, kw_only=True):
@@ -24,6 +24,7 @@ class GlobalState(msgspec.Struct, kw_only=True):
         default_factory=dict
     )  # request_id -> alloc/group id
     task_groups: dict[str, list[str]] = msgspec.field(default_factory=dict)  # group id -> task ids
+    dags: dict[str, Dag] = msgspec.field(default_factory=dict)  # DAG id -> its record
     # Index of allocations holding nodes (Staging/Running/Checkpointing), for quotas.
     active: dict[str, None] = msgspec.field(default_factory=dict)
     # System-wide hard limit on nodes claimed for sensitive use (None = no limit)

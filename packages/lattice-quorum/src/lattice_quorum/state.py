@@ -21,7 +21,7 @@ from lattice_common import commands as c
 from lattice_common.errors import LatticeError, ValidationError
 
 from lattice_quorum.global_state import Changes, GlobalState, allocation_id_for
-from lattice_quorum.handlers import allocations, assignment, nodes, tenancy
+from lattice_quorum.handlers import allocations, assignment, dags, nodes, tenancy
 
 __all__ = ["Changes", "GlobalState", "allocation_id_for", "apply"]
 
@@ -65,6 +65,9 @@ _HANDLERS: dict[type[c.Command], Handler] = {
     c.CancelAllocation: allocations.cancel_allocation,
     c.SetPendingReasons: allocations.set_pending_reasons,
     c.RequeueAllocation: allocations.requeue_allocation,
+    # DAGs
+    c.SubmitDag: dags.submit_dag,
+    c.CancelDag: dags.cancel_dag,
     # assignment
     c.AssignNodes: assignment.assign_nodes,
     c.ReleaseNodeClaim: assignment.release_node_claim,

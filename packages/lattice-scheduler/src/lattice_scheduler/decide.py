@@ -134,10 +134,15 @@ def held_back_ids(m: StateMirror) -> set[str]:
 def queue(
     m: StateMirror, vc: str, exclude: Collection[str]
 ) -> tuple[list[Allocation], list[Allocation], list[Pending]]:
-    """The vCluster's Pending allocations (minus ``exclude``) within their task-group
-    limits, the allocations holding nodes, and the reasons of those held by a limit."""
+    """The vCluster's Pending allocations (minus ``exclude`` and those waiting for their
+    dependencies) within their task-group limits, the allocations holding nodes, and the
+    reasons of those held by a limit."""
     allocs = m.allocations
-    pending = [allocs[i] for i in m.pending if allocs[i].spec.vcluster == vc and i not in exclude]
+    pending = [
+        a
+        for i in m.pending
+        if (a := allocs[i]).spec.vcluster == vc and not a.held and i not in exclude
+    ]
     holding = [allocs[i] for i in m.holding]
     if not pending:
         return [], holding, []

@@ -79,7 +79,11 @@ def finish(
     exit_code: int | None,
     ch: Changes,
     finished_at: float | None = None,
+    *,
+    resolve_dag: bool = True,
 ) -> None:
+    """End ``a``; a DAG member's end is resolved for its successors in the same command
+    (``resolve_dag=False`` only where the resolution itself ends members)."""
     check_transition(a.id, a.state, target)
     bump(state)
     release_nodes(state, a, ch)
@@ -89,6 +93,10 @@ def finish(
     a.estimated_start, a.estimate_basis = None, ""
     a.finished_at = finished_at if finished_at is not None else now
     touch_alloc(state, a, ch)
+    if a.dag_id and resolve_dag:
+        from lattice_quorum.handlers.dags import member_ended  # dags builds on finish
+
+        member_ended(state, a, now, ch)
 
 
 def requeue(

@@ -1,0 +1,208 @@
+"""Command handlers of DAG workflows, and the dependency resolution that runs in apply.
+
+Why in the quorum's apply and not in an API-side controller: a member's end and what it
+means for its successors (released into the queue, or cancelled because a condition can
+never hold) commit in the same command. Nothing is lost when an API member crashes or
+the leader changes, nothing runs twice, and a released successor is visible to the
+scheduler in the same watch delta as the end that released it, so a chain costs no extra
+round trip per stage. The decisions themselves are ``lattice_common.dag.resolve`` (pure),
+fed only the ended member's ref: it touches that member's successors and their cascade,
+not the whole DAG.
+
+A member with dependencies is stored Pending with ``held`` set; the scheduler skips held
+allocations and ``assign_nodes`` refuses them. Mutex (singleton) names are kept on the
+members' specs; enforcing them at start time is the scheduler's part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import msgspec
+from lattice_common import commands as c
+from lattice_common.dag import (
+    DagDefinition,
+    DagIndex,
+    DagMemberSpec,
+    DagState,
+    DependencyCondition,
+    MemberState,
+    dag_state,
+    resolve,
+)
+from lattice_common.errors import InvalidTransition, NotFound, ValidationError
+from lattice_common.types import (
+    Allocation,
+    AllocationState,
+    Dag,
+    DagEdge,
+    Dependency,
+)
+
+from lattice_quorum.global_state import Changes, GlobalState
+from lattice_quorum.handlers.common import bump, finish, touch_alloc
+
+__all__ = ["cancel_dag", "member_ended", "submit_dag"]
+
+
+def _index(d: Dag) -> DagIndex:
+    """The record's graph, prepared once per record object: derived data, never
+    replicated (kept in the record's ``__dict__``, rebuilt after a snapshot install)."""
+    idx: DagIndex | None = d.__dict__.get("lattice_index")
+    if idx is None:
+        deps: dict[str, list[Dependency]] = {ref: [] for ref in d.members}
+        for e in d.edges:
+            deps[e.downstream].append(Dependency(e.upstream, e.condition))
+        members = tuple(
+            DagMemberSpec(id=ref, spec={}, depends_on=tuple(deps[ref])) for ref in d.members
+        )
+        idx = DagIndex(DagDefinition(name=d.name, members=members), max_size=len(members))
+        d.__dict__["lattice_index"] = idx
+    return idx
+
+
+class _States(Mapping[str, MemberState]):
+    """Member states read from the allocations when resolution asks (not copied)."""
+
+    def __init__(self, state: GlobalState, d: Dag) -> None:
+        self._state = state
+        self._d = d
+
+    def __getitem__(self, ref: str) -> MemberState:
+        a = self._state.allocations.get(self._d.members.get(ref, ""))
+        if a is None:
+            raise KeyError(ref)
+        return MemberState.of(a.state, a.exit_code, held=a.held)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d.members)
+
+    def __len__(self) -> int:
+        return len(self._d.members)
+
+
+def submit_dag(state: GlobalState, cmd: c.SubmitDag, ch: Changes) -> c.CommandResult:
+    from lattice_quorum.handlers.allocations import _admitted, _check_names, _next_id, _reused
+
+    if cmd.request_id and cmd.request_id in state.request_ids:
+        known = state.request_ids[cmd.request_id]
+        d = state.dags.get(known)
+        if d is None:
+            raise _reused(cmd.request_id, "allocation", known)
+        return c.CommandResult(revision=state.revision, dag=d, allocations=_members(state, d))
+    if not cmd.members:
+        raise ValidationError("a DAG needs at least one allocation")
+    for m in cmd.members:
+        _check_names(state, m.spec.tenant, m.spec.vcluster)
+    definition = DagDefinition(
+        name=cmd.name,
+        members=tuple(
+            DagMemberSpec(id=m.ref, spec={}, depends_on=tuple(m.spec.depends_on))
+            for m in cmd.members
+        ),
+    )
+    DagIndex(definition, max_size=cmd.max_size)  # validates: refs, cycles, size
+    bump(state)
+    d = Dag(
+        id=_next_id(state, cmd.now),
+        name=cmd.name,
+        tenant=cmd.members[0].spec.tenant,
+        user=cmd.members[0].spec.user,
+        submitted_at=cmd.now,
+        revision=state.revision,
+    )
+    created: list[Allocation] = []
+    for m in cmd.members:
+        waits = any(
+            DependencyCondition.parse(e.condition) is not DependencyCondition.MUTEX
+            for e in m.spec.depends_on
+        )
+        spec = _admitted(state, msgspec.structs.replace(m.spec, request_id=""))
+        a = Allocation(
+            id=_next_id(state, cmd.now),
+            spec=spec,
+            submitted_at=cmd.now,
+            dag_id=d.id,
+            dag_ref=m.ref,
+            held=waits,
+            pending_reason="waiting for dependencies" if waits else "",
+        )
+        state.allocations[a.id] = a
+        d.members[m.ref] = a.id
+        for e in m.spec.depends_on:
+            if DependencyCondition.parse(e.condition) is not DependencyCondition.MUTEX:
+                d.edges.append(DagEdge(e.ref, m.ref, DependencyCondition.parse(e.condition)))
+        touch_alloc(state, a, ch)
+        created.append(a)
+    state.dags[d.id] = d
+    if cmd.request_id:
+        state.request_ids[cmd.request_id] = d.id
+    return c.CommandResult(revision=state.revision, dag=d, allocations=created)
+
+
+def cancel_dag(state: GlobalState, cmd: c.CancelDag, ch: Changes) -> c.CommandResult:
+    d = state.dags.get(cmd.dag_id)
+    if d is None:
+        raise NotFound(
+            f"DAG {cmd.dag_id} not found", hint="List your DAGs with `lattice dag list`."
+        )
+    if d.finished_at is not None:
+        raise InvalidTransition(f"DAG {d.id} already ended ({d.state})", hint="Nothing to cancel.")
+    d.cancel_requested = True
+    cancelled: list[Allocation] = []
+    for aid in d.members.values():
+        a = state.allocations[aid]
+        if not a.terminal:
+            finish(
+                state,
+                a,
+                AllocationState.CANCELLED,
+                cmd.now,
+                cmd.reason,
+                None,
+                ch,
+                resolve_dag=False,
+            )
+            a.held = False
+            cancelled.append(a)
+    _settle(state, d, cmd.now)
+    return c.CommandResult(revision=state.revision, dag=d, allocations=cancelled)
+
+
+def member_ended(state: GlobalState, a: Allocation, now: float, ch: Changes) -> None:
+    """``a`` (a DAG member) just ended: release or cancel what depends on it."""
+    d = state.dags.get(a.dag_id)
+    if d is None or d.finished_at is not None or d.members.get(a.dag_ref) != a.id:
+        return
+    res = resolve(
+        _index(d),
+        _States(state, d),
+        changed=[a.dag_ref],
+        cancel_requested=d.cancel_requested,
+        with_state=False,
+    )
+    for ref in res.release:
+        m = state.allocations[d.members[ref]]
+        if m.held and m.state == AllocationState.PENDING:
+            m.held = False
+            m.pending_reason = ""
+            touch_alloc(state, m, ch)
+    for ref, reason in res.cancel:
+        m = state.allocations[d.members[ref]]
+        if not m.terminal:
+            finish(state, m, AllocationState.CANCELLED, now, reason, None, ch, resolve_dag=False)
+            m.held = False
+    _settle(state, d, now)
+
+
+def _settle(state: GlobalState, d: Dag, now: float) -> None:
+    """Record the DAG's end once every member has ended."""
+    st = dag_state(_index(d), _States(state, d), cancel_requested=d.cancel_requested)
+    if st is not DagState.RUNNING:
+        d.state = st.value
+        d.finished_at = now
+    d.revision = state.revision
+
+
+def _members(state: GlobalState, d: Dag) -> list[Allocation]:
+    return [state.allocations[aid] for aid in d.members.values()]
