@@ -186,3 +186,80 @@ def test_dags_survive_a_snapshot() -> None:
     restored = msgspec.msgpack.decode(msgspec.msgpack.encode(s), type=GlobalState)
     end(restored, ids["a"], DONE, 0)
     assert not restored.allocations[ids["b"]].held
+
+
+# --- submit --dependency: allocations submitted alone ------------------------------------
+
+
+def submit_after(s: GlobalState, *deps: tuple[str, str]) -> str:
+    spec = b.spec("run", tenant="t", vcluster="v", user="alice")
+    spec.depends_on = [Dependency(r, cond) for r, cond in deps]
+    res = ok(s, c.SubmitAllocation(spec=spec, now=11.0))
+    assert res.allocation is not None
+    return res.allocation.id
+
+
+def submit_alone(s: GlobalState) -> str:
+    res = ok(s, c.SubmitAllocation(spec=b.spec("run", tenant="t", vcluster="v"), now=10.0))
+    assert res.allocation is not None
+    return res.allocation.id
+
+
+def test_afterok_chain_of_plain_submissions() -> None:
+    s = world()
+    a = submit_alone(s)
+    bb = submit_after(s, (a, "success"))
+    cc = submit_after(s, (bb, "success"))
+    assert s.allocations[bb].held and s.allocations[cc].held
+    end(s, a, DONE, 0)
+    assert not s.allocations[bb].held and s.allocations[cc].held
+    end(s, bb, FAILED, 2)
+    assert s.allocations[cc].state == AllocationState.CANCELLED
+    assert s.allocations[cc].reason == f"dependency never satisfied: {bb} failed (needed success)"
+    assert s.dependents == {}
+
+
+def test_afternotok_and_afterany_of_several_predecessors() -> None:
+    s = world()
+    a, a2 = submit_alone(s), submit_alone(s)
+    on_fail = submit_after(s, (a, "failure"))
+    both = submit_after(s, (a, "any"), (a2, "any"))
+    end(s, a, FAILED, 1)
+    assert not s.allocations[on_fail].held
+    assert s.allocations[both].held  # a2 still runs
+    end(s, a2, DONE, 0)
+    assert not s.allocations[both].held
+
+
+def test_dependency_on_an_ended_or_unknown_allocation() -> None:
+    s = world()
+    a = submit_alone(s)
+    end(s, a, DONE, 0)
+    ready = submit_after(s, (a, "success"))
+    assert not s.allocations[ready].held  # already satisfied: queued at once
+    spec = b.spec("run", tenant="t", vcluster="v")
+    spec.depends_on = [Dependency(a, "failure")]
+    err = rejected(s, c.SubmitAllocation(spec=spec, now=12.0), "invalid_transition")
+    assert err["message"] == f"dependency never satisfied: {a} succeeded (needed failure)"
+    spec.depends_on = [Dependency("deadbeef", "success")]
+    err = rejected(s, c.SubmitAllocation(spec=spec, now=12.0), "not_found")
+    assert "deadbeef" in err["message"] and err["hint"]
+
+
+def test_cancelling_a_predecessor_releases_afterany_and_cancels_afterok() -> None:
+    s = world()
+    a = submit_alone(s)
+    okay = submit_after(s, (a, "success"))
+    anyway = submit_after(s, (a, "any"))
+    ok(s, c.CancelAllocation(allocation_id=a, now=20.0))
+    assert s.allocations[okay].state == AllocationState.CANCELLED
+    assert not s.allocations[anyway].held
+
+
+def test_plain_dependency_on_a_dag_member_cascades_through_the_dag() -> None:
+    s = world()
+    ids = submit_dag(s, member("a"), member("b", ("a", "success")))
+    after_b = submit_after(s, (ids["b"], "success"))
+    end(s, ids["a"], FAILED, 1)  # cancels b in the DAG, and so after_b
+    assert s.allocations[ids["b"]].state == AllocationState.CANCELLED
+    assert s.allocations[after_b].state == AllocationState.CANCELLED

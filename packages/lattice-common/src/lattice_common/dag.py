@@ -400,14 +400,8 @@ class _View:
             if o is None:
                 ready = False
                 continue
-            ok = {
-                DependencyCondition.SUCCESS: o == _OK,
-                DependencyCondition.CORRESPONDING: o == _OK,
-                DependencyCondition.FAILURE: o != _OK,
-                DependencyCondition.ANY: True,
-            }[cond]
-            if not ok:
-                return False, f"dependency never satisfied: {who} {o} (needed {cond.value})"
+            if not _holds(cond, o):
+                return False, _never(who, o, cond)
         return (True, "") if ready else (None, "")
 
     def successors(self, unit: str) -> Iterable[str]:
@@ -418,6 +412,37 @@ class _View:
                     yield unit_key(s, k)
             elif self.outcome(member) is not None:  # a group matters once it has ended
                 yield from self.index.units[s]
+
+
+def _holds(cond: DependencyCondition, outcome: str) -> bool:
+    if cond is DependencyCondition.ANY:
+        return True
+    if cond is DependencyCondition.FAILURE:
+        return outcome != _OK
+    return outcome == _OK  # success, corresponding
+
+
+def _never(who: str, outcome: str, cond: DependencyCondition) -> str:
+    return f"dependency never satisfied: {who} {outcome} (needed {cond.value})"
+
+
+def dependency_verdict(
+    deps: Iterable[tuple[str, DependencyCondition, MemberState]],
+) -> tuple[bool | None, str]:
+    """One allocation's dependencies outside a DAG (``submit --dependency``): each is
+    (predecessor id, condition, its state). (True, "") all hold; (False, reason) one can
+    never hold; (None, "") wait. Mutex and corresponding conditions are not checked here
+    (mutex: the scheduler; corresponding: only between task groups of one DAG)."""
+    ready = True
+    for who, cond, state in deps:
+        if cond in (DependencyCondition.MUTEX, DependencyCondition.CORRESPONDING):
+            continue
+        o = _outcome(state)
+        if o is None:
+            ready = False
+        elif not _holds(cond, o):
+            return False, _never(who, o, cond)
+    return (True, "") if ready else (None, "")
 
 
 def resolve(

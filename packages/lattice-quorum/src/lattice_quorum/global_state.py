@@ -25,6 +25,9 @@ class GlobalState(msgspec.Struct, kw_only=True):
     )  # request_id -> alloc/group id
     task_groups: dict[str, list[str]] = msgspec.field(default_factory=dict)  # group id -> task ids
     dags: dict[str, Dag] = msgspec.field(default_factory=dict)  # DAG id -> its record
+    # Allocations submitted alone with dependencies (submit --dependency), by predecessor:
+    # the successors to look at when the predecessor ends.
+    dependents: dict[str, list[str]] = msgspec.field(default_factory=dict)
     # Index of allocations holding nodes (Staging/Running/Checkpointing), for quotas.
     active: dict[str, None] = msgspec.field(default_factory=dict)
     # System-wide hard limit on nodes claimed for sensitive use (None = no limit)

@@ -37,6 +37,7 @@ from lattice_quorum.handlers.common import (
     requeue,
     touch_alloc,
 )
+from lattice_quorum.handlers.dags import check_dependencies, hold
 
 
 def submit_allocation(state: GlobalState, cmd: c.SubmitAllocation, ch: Changes) -> c.CommandResult:
@@ -48,8 +49,11 @@ def submit_allocation(state: GlobalState, cmd: c.SubmitAllocation, ch: Changes) 
         return c.CommandResult(revision=state.revision, allocation=state.allocations[known])
     _check_names(state, spec.tenant, spec.vcluster)
     spec = _admitted(state, spec)
+    waits = check_dependencies(state, spec)  # may refuse: nothing is stored yet
     bump(state)
     a = Allocation(id=_next_id(state, cmd.now), spec=spec, submitted_at=cmd.now)
+    if waits:
+        hold(state, a)
     state.allocations[a.id] = a
     if spec.request_id:
         state.request_ids[spec.request_id] = a.id

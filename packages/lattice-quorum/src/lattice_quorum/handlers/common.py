@@ -93,10 +93,10 @@ def finish(
     a.estimated_start, a.estimate_basis = None, ""
     a.finished_at = finished_at if finished_at is not None else now
     touch_alloc(state, a, ch)
-    if a.dag_id and resolve_dag:
-        from lattice_quorum.handlers.dags import member_ended  # dags builds on finish
+    if resolve_dag and (a.dag_id or a.id in state.dependents):
+        from lattice_quorum.handlers.dags import ended  # dags builds on finish
 
-        member_ended(state, a, now, ch)
+        ended(state, a, now, ch)
 
 
 def requeue(

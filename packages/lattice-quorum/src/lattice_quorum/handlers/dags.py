@@ -28,11 +28,13 @@ from lattice_common.dag import (
     DependencyCondition,
     MemberState,
     dag_state,
+    dependency_verdict,
     resolve,
 )
 from lattice_common.errors import InvalidTransition, NotFound, ValidationError
 from lattice_common.types import (
     Allocation,
+    AllocationSpec,
     AllocationState,
     Dag,
     DagEdge,
@@ -42,7 +44,7 @@ from lattice_common.types import (
 from lattice_quorum.global_state import Changes, GlobalState
 from lattice_quorum.handlers.common import bump, finish, touch_alloc
 
-__all__ = ["cancel_dag", "member_ended", "submit_dag"]
+__all__ = ["cancel_dag", "check_dependencies", "ended", "hold", "submit_dag"]
 
 
 def _index(d: Dag) -> DagIndex:
@@ -169,11 +171,86 @@ def cancel_dag(state: GlobalState, cmd: c.CancelDag, ch: Changes) -> c.CommandRe
     return c.CommandResult(revision=state.revision, dag=d, allocations=cancelled)
 
 
-def member_ended(state: GlobalState, a: Allocation, now: float, ch: Changes) -> None:
-    """``a`` (a DAG member) just ended: release or cancel what depends on it."""
+def ended(state: GlobalState, a: Allocation, now: float, ch: Changes) -> None:
+    """``a`` just ended: release or cancel what depends on it (its DAG's members, and
+    allocations submitted alone that named it), cascading without recursion."""
+    todo = [(a, False)]
+    while todo:
+        done, dag_resolved = todo.pop()
+        if done.dag_id and not dag_resolved:
+            # members the DAG's resolution cancels may have dependents of their own
+            todo.extend((m, True) for m in _member_ended(state, done, now, ch))
+        for sid in state.dependents.pop(done.id, ()):
+            s = state.allocations.get(sid)
+            if s is None or not s.held or s.terminal:
+                continue
+            holds, reason = dependency_verdict(_deps_of(state, s))
+            if holds:
+                s.held = False
+                s.pending_reason = ""
+                touch_alloc(state, s, ch)
+            elif holds is False:
+                finish(
+                    state, s, AllocationState.CANCELLED, now, reason, None, ch, resolve_dag=False
+                )
+                s.held = False
+                todo.append((s, False))
+
+
+def check_dependencies(state: GlobalState, spec: AllocationSpec) -> bool:
+    """Before ``spec`` (submitted alone) is stored: its dependencies name existing
+    allocations and can still hold. True when it must wait for one; raises (nothing is
+    stored) when one names nothing or can never hold."""
+    if not spec.depends_on:
+        return False
+    for d in spec.depends_on:
+        if DependencyCondition.parse(d.condition) is DependencyCondition.MUTEX:
+            continue
+        if d.ref not in state.allocations:
+            raise NotFound(
+                f"dependency {d.ref} is not an allocation",
+                hint="Name existing allocation ids: --dependency=afterok:ID[:ID...]",
+            )
+    holds, reason = dependency_verdict(_deps_of(state, spec))
+    if holds is False:
+        raise InvalidTransition(
+            reason, hint="Its predecessor has already ended in a way the condition excludes."
+        )
+    return holds is None
+
+
+def hold(state: GlobalState, a: Allocation) -> None:
+    """Keep ``a`` out of the queue until its predecessors end (see :func:`ended`)."""
+    a.held = True
+    a.pending_reason = "waiting for dependencies"
+    for d in a.spec.depends_on:
+        p = state.allocations.get(d.ref)
+        if p is not None and not p.terminal:
+            waiting = state.dependents.setdefault(d.ref, [])
+            if a.id not in waiting:
+                waiting.append(a.id)
+
+
+def _deps_of(
+    state: GlobalState, target: Allocation | AllocationSpec
+) -> Iterator[tuple[str, DependencyCondition, MemberState]]:
+    spec = target.spec if isinstance(target, Allocation) else target
+    for d in spec.depends_on:
+        p = state.allocations.get(d.ref)
+        if p is not None:
+            yield (
+                d.ref,
+                DependencyCondition.parse(d.condition),
+                MemberState.of(p.state, p.exit_code, held=p.held),
+            )
+
+
+def _member_ended(state: GlobalState, a: Allocation, now: float, ch: Changes) -> list[Allocation]:
+    """Resolve ``a``'s DAG for its end; the members it cancelled."""
     d = state.dags.get(a.dag_id)
     if d is None or d.finished_at is not None or d.members.get(a.dag_ref) != a.id:
-        return
+        return []
+    cancelled: list[Allocation] = []
     res = resolve(
         _index(d),
         _States(state, d),
@@ -192,7 +269,9 @@ def member_ended(state: GlobalState, a: Allocation, now: float, ch: Changes) -> 
         if not m.terminal:
             finish(state, m, AllocationState.CANCELLED, now, reason, None, ch, resolve_dag=False)
             m.held = False
+            cancelled.append(m)
     _settle(state, d, now)
+    return cancelled
 
 
 def _settle(state: GlobalState, d: Dag, now: float) -> None:
