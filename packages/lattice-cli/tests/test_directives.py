@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lattice_cli.directives import (
     command_entrypoint,
+    depends_on_of,
     iter_directives,
     parse_script,
     script_entrypoint,
@@ -97,10 +98,34 @@ def test_unknown_sbatch_option_consumes_its_value():
     assert len(opts.warnings) == 1
 
 
-def test_sbatch_output_array_dependency_are_warned():
+def test_sbatch_output_is_warned_array_and_dependency_are_kept():
     opts = parse_script("#SBATCH --output=out.txt\n#SBATCH --array=0-9\n#SBATCH -d afterok:1\n")
-    assert len(opts.warnings) == 3
+    assert len(opts.warnings) == 1
     assert "lattice logs" in opts.warnings[0]
+    assert opts.task_group == "0-9" and opts.dependency == "afterok:1"
+    opts = parse_script(
+        "#SBATCH --array=0-15:4%2\n#SBATCH --dependency=afterok:a1:b2,afterany:c3\n"
+    )
+    assert opts.task_group == "0-12:4%2"
+    assert depends_on_of(opts.dependency or "", "job") == [
+        {"ref": "a1", "condition": "success"},
+        {"ref": "b2", "condition": "success"},
+        {"ref": "c3", "condition": "any"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "text"),
+    [
+        ("#SBATCH --array=1,2,7", "--array=1,2,7"),
+        ("#SBATCH --dependency=afterok:1?afterok:2", "--dependency=afterok:1?afterok:2"),
+        ("#SBATCH -d after:5", "-d=after:5"),
+    ],
+)
+def test_array_and_dependency_forms_lattice_cannot_keep_are_errors(line: str, text: str) -> None:
+    with pytest.raises(DirectiveError) as e:
+        parse_script(line + "\n")
+    assert text in e.value.message and e.value.hint
 
 
 def test_unknown_lattice_directive_is_an_error():

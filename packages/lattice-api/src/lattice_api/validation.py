@@ -10,9 +10,16 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 import msgspec
+from lattice_common.dag import DependencyCondition
 from lattice_common.duration import parse_duration
 from lattice_common.errors import NotFound, ValidationError
-from lattice_common.types import AllocationSpec, Constraints, LifecycleType, RequeuePolicy
+from lattice_common.types import (
+    AllocationSpec,
+    Constraints,
+    Dependency,
+    LifecycleType,
+    RequeuePolicy,
+)
 
 MAX_NODES_PER_ALLOCATION = 100_000
 MAX_REQUEUE_LIMIT = 100
@@ -163,7 +170,35 @@ def validate_submission(
         request_id=str(body.get("request_id") or "")[:128],
         min_nodes=min_nodes if min_nodes != nodes else 0,
         wait_for_capacity=_bool(body.get("wait_for_capacity", False), "wait_for_capacity"),
+        depends_on=_dependencies(body.get("depends_on")),
     )
+
+
+MAX_DEPENDENCIES = 1000
+
+
+def _dependencies(raw: Any) -> list[Dependency]:
+    """``depends_on``: [{ref, condition}] (also ``{ref: condition}`` entries), conditions
+    by their Lattice or Slurm names (afterok, afternotok, afterany, aftercorr, singleton)."""
+    if raw in (None, "", []):
+        return []
+    if not isinstance(raw, list) or len(raw) > MAX_DEPENDENCIES:
+        raise ValidationError(
+            f"depends_on must be a list of at most {MAX_DEPENDENCIES} {{ref, condition}} entries",
+            hint="e.g. depends_on: [{ref: a1b2c3d4, condition: success}]",
+        )
+    out: list[Dependency] = []
+    for item in raw:
+        if isinstance(item, dict) and "ref" in item:
+            ref, cond = item.get("ref"), item.get("condition") or "success"
+        elif isinstance(item, dict) and len(item) == 1:
+            ((ref, cond),) = item.items()
+        else:
+            raise ValidationError(f"invalid dependency {item!r}", hint="Give {ref, condition}.")
+        if not isinstance(ref, str) or not ref.strip():
+            raise ValidationError(f"dependency without an allocation id: {item!r}")
+        out.append(Dependency(ref.strip(), DependencyCondition.parse(cond).value))
+    return out
 
 
 INT32_MAX = 2**31 - 1

@@ -312,9 +312,39 @@ def _apply_sbatch_value(
             f"{where} ignored: output always goes to the log store; read it with `lattice logs ID`"
         )
     elif setting == "array":
-        opts.warnings.append(f"{where} ignored: task groups (job arrays) are not supported yet")
+        opts.task_group = task_group_of_array(value, option)
     elif setting == "dependency":
-        opts.warnings.append(f"{where} ignored: dependencies are not supported yet")
+        check_dependency(value, option)
+        opts.dependency = value
+
+
+def task_group_of_array(value: str, option: str) -> str:
+    """sbatch ``--array`` as a task-group range (one arithmetic range, optional %N)."""
+    from lattice_common.slurm import SlurmSyntaxError, parse_array, to_task_group
+
+    try:
+        start, end, step, limit = to_task_group(parse_array(value))
+    except SlurmSyntaxError as e:
+        raise DirectiveError(f"{option}={value}: {e.message}", hint=e.hint) from None
+    text = f"{start}-{end}" + (f":{step}" if step != 1 else "")
+    return text + (f"%{limit}" if limit else "")
+
+
+def check_dependency(value: str, option: str) -> None:
+    """A clear error now for a --dependency form Lattice cannot keep (never silent)."""
+    from lattice_common.slurm import SlurmSyntaxError, parse_dependency
+
+    try:
+        parse_dependency(value)
+    except SlurmSyntaxError as e:
+        raise DirectiveError(f"{option}={value}: {e.message}", hint=e.hint) from None
+
+
+def depends_on_of(value: str, name: str) -> list[dict[str, str]]:
+    """The ``depends_on`` entries of a --dependency text (singleton: the job's name)."""
+    from lattice_common.slurm import parse_dependency, to_depends_on
+
+    return to_depends_on(parse_dependency(value), mutex_name=name)
 
 
 # --------------------------------------------------------------------------- scripts

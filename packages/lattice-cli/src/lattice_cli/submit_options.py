@@ -49,6 +49,8 @@ class SubmitOptions:
     uenv: str | None = None
     submit_dir: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    dependency: str | None = None  # Slurm --dependency text (checked when read)
+    task_group: str | None = None  # START-END[:STEP][%N] (from --array or --task-group)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -64,6 +66,8 @@ _SCALARS = (
     "max_requeue",
     "uenv",
     "submit_dir",
+    "dependency",
+    "task_group",
 )
 
 

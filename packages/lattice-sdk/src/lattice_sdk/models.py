@@ -76,6 +76,8 @@ class AllocationSpec(_Record):
     min_nodes: int | None = None  # node range {min_nodes, nodes} (services)
     # accept even if the vCluster cannot offer the nodes/constraints yet, and wait
     wait_for_capacity: bool = False
+    # run after other allocations: [{"ref": ID, "condition": "success"|"failure"|"any"}]
+    depends_on: list[dict[str, str]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -110,6 +112,7 @@ class AllocationSpec(_Record):
             "user": self.user,
             "min_nodes": self.min_nodes,
             "wait_for_capacity": self.wait_for_capacity or None,
+            "depends_on": [dict(d) for d in self.depends_on or []],
         }
         if not self.walltime and self.walltime_seconds:
             optional["walltime_seconds"] = self.walltime_seconds

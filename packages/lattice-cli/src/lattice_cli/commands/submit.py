@@ -118,6 +118,15 @@ def submit(
         str | None,
         typer.Option("--chdir", "-D", help="Working directory of the job (default: current)."),
     ] = None,
+    dependency: Annotated[
+        str | None,
+        typer.Option(
+            "--dependency",
+            help="Start after other allocations end (sbatch --dependency): afterok:ID[:ID...], "
+            "afternotok:ID, afterany:ID, singleton; several joined with ','. The job waits "
+            "Pending, and is cancelled if a condition can no longer hold.",
+        ),
+    ] = None,
     wait_for_capacity: Annotated[
         bool,
         typer.Option(
@@ -176,7 +185,11 @@ def submit(
             max_requeue=max_requeue,
             uenv=uenv,
             submit_dir=chdir,
+            task_group=task_group,
+            dependency=dependency,
         )
+        if dependency is not None:
+            directives.check_dependency(dependency, "--dependency")
         if before:
             script = before[0]
             script_args = [*before[1:], *(after or [])]
@@ -205,6 +218,9 @@ def submit(
 
     for message in opts.warnings:
         warn(message)
+    task_group = opts.task_group  # --task-group, else #SBATCH --array
+    job_name = opts.name or default_name
+    depends_on = directives.depends_on_of(opts.dependency, job_name) if opts.dependency else []
 
     from lattice_sdk import AllocationSpec
 
@@ -214,7 +230,7 @@ def submit(
         walltime=opts.walltime,
         tenant=opts.tenant or cfg.tenant,
         vcluster=opts.vcluster or cfg.vcluster,
-        name=opts.name or default_name,
+        name=job_name,
         project=opts.project or "",
         preemption_class=5 if opts.preemption_class is None else opts.preemption_class,
         constraints=opts.constraints,
@@ -226,6 +242,7 @@ def submit(
         tags=opts.tags,
         min_nodes=min_nodes,
         wait_for_capacity=wait_for_capacity,
+        depends_on=depends_on,
     )
     fmt = state.output(output)
     if dry_run:
