@@ -72,12 +72,12 @@ async def test_task_groups_over_both_transports(served: Any) -> None:
     assert sorted(a["id"] for a in listed["allocations"]) == sorted(res.allocation_ids)
 
 
-async def test_dag_submit_and_watch_all_are_unimplemented(served: Any) -> None:
+async def test_empty_submit_is_refused_and_watch_all_is_unimplemented(served: Any) -> None:
     _api, _w, _rest, channel = served
     stub = grpc(channel, ALICE).alloc
     with pytest.raises(grpclib.GRPCError) as e:
         await stub.submit(v1.SubmitRequest())
-    assert e.value.status == Status.UNIMPLEMENTED and "DAG" in (e.value.message or "")
+    assert e.value.status == Status.INVALID_ARGUMENT and "a dag" in (e.value.message or "")
     with pytest.raises(grpclib.GRPCError) as e:
         async for _ in stub.watch(v1.WatchAllocationsRequest()):
             pass

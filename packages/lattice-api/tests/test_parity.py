@@ -13,6 +13,7 @@ import msgspec
 import pytest
 from grpclib.const import Status
 from lattice_api.auth import Role
+from lattice_api.ops.dags import DagView
 from lattice_common.errors import LatticeError
 from lattice_common.proto.lattice import v1
 from lattice_common.types import Allocation, AllocationSpec, Node, Tenant, VCluster
@@ -301,6 +302,67 @@ async def test_writes_give_the_same_records(served: Any) -> None:
     assert api.quorum.read(lambda s: {"r-grpc", "r-rest"} <= set(s.nodes))
 
 
+def _dag_body(w: Any, *, cycle: bool = False) -> dict[str, Any]:
+    """A two-member DAG of alice's (b after a; with ``cycle``, a after b too)."""
+    a = {"id": "a", **_spec_body(w)}
+    if cycle:
+        a["depends_on"] = [{"ref": "b", "condition": "success"}]
+    b = {"id": "b", **_spec_body(w), "depends_on": [{"ref": "a", "condition": "any"}]}
+    return {"name": "pair", "allocations": [a, b]}
+
+
+def _dag_message(w: Any, *, cycle: bool = False) -> v1.SubmitRequest:
+    members = []
+    for m in _dag_body(w, cycle=cycle)["allocations"]:
+        spec = msgspec.convert({k: v for k, v in m.items() if k != "id"}, AllocationSpec)
+        members.append(v1.DagAllocation(id=m["id"], spec=to_message(spec, v1.AllocationSpec)))
+    return v1.SubmitRequest(dag=v1.DagSpec(name="pair", allocations=members))
+
+
+def _dag_plain(view: DagView) -> dict[str, Any]:
+    data = plain(view, drop=VOLATILE)
+    for m in data["members"]:
+        m.pop("allocation_id")
+    return data
+
+
+async def test_dags_give_the_same_records(served: Any) -> None:
+    _api, w, rest, channel = served
+    g = Grpc(channel, ALICE)
+    res = await g.alloc.submit(_dag_message(w))
+    status, data = await rest.call("POST", "/api/v1/dags", ALICE, _dag_body(w))
+    assert status == 201
+    drop = VOLATILE | {"dag_id"}
+    assert [plain(from_message(a, Allocation), drop=drop) for a in res.allocations] == [
+        plain(from_rest(a, Allocation), drop=drop) for a in data["allocations"]
+    ]
+    got = await g.alloc.get_dag(v1.GetDagRequest(id=res.dag_id))
+    status, same = await rest.call("GET", f"/api/v1/dags/{res.dag_id}", ALICE)
+    assert from_message(got, DagView) == from_rest(same, DagView)
+    assert _dag_plain(from_rest(same, DagView)) == _dag_plain(from_rest(data["dag"], DagView))
+    assert [m.state for m in got.members] == ["Pending", "Blocked"]
+
+    for query in ({}, {"state": "running"}, {"user": "bob"}, {"tenant": "bio"}):
+        got, data = await both(
+            rest,
+            g.alloc.list_dags(v1.ListDagsRequest(**query)),
+            "GET",
+            "/api/v1/dags",
+            ALICE,
+            **query,
+        )
+        assert [from_message(d, DagView) for d in got.dags] == [
+            from_rest(d, DagView) for d in data["dags"]
+        ], query
+
+    status, second = await rest.call("POST", "/api/v1/dags", ALICE, _dag_body(w))
+    got = await g.alloc.cancel_dag(v1.CancelDagRequest(id=res.dag_id, reason="r"))
+    status, data = await rest.call("DELETE", f"/api/v1/dags/{second['dag_id']}", ALICE, reason="r")
+    assert status == 200
+    assert _dag_plain(from_message(got.dag, DagView)) == _dag_plain(from_rest(data["dag"], DagView))
+    assert len(got.cancelled_allocation_ids) == len(data["cancelled_allocation_ids"]) == 2
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -395,6 +457,30 @@ ERROR_CASES: list[Case] = [
         ALICE,
     ),
     (
+        "dag with a cycle",
+        lambda g, w: g.alloc.submit(_dag_message(w, cycle=True)),
+        ("POST", "/api/v1/dags", "{dag_cycle}"),
+        ALICE,
+    ),
+    (
+        "get unknown dag",
+        lambda g, w: g.alloc.get_dag(v1.GetDagRequest(id="nope")),
+        ("GET", "/api/v1/dags/nope"),
+        ALICE,
+    ),
+    (
+        "list dags of a bad state",
+        lambda g, w: g.alloc.list_dags(v1.ListDagsRequest(state="bogus")),
+        ("GET", "/api/v1/dags", None, {"state": "bogus"}),
+        ALICE,
+    ),
+    (
+        "cancel unknown dag",
+        lambda g, w: g.alloc.cancel_dag(v1.CancelDagRequest(id="nope")),
+        ("DELETE", "/api/v1/dags/nope"),
+        ALICE,
+    ),
+    (
         "get unknown node",
         lambda g, w: g.nodes.get_node(v1.GetNodeRequest(id="nx")),
         ("GET", "/api/v1/nodes/nx"),
@@ -469,6 +555,7 @@ async def test_errors_are_the_same(
         "{spec_nine}": _spec_body(w, nodes=9),
         "{spec_eleven}": _spec_body(w, nodes=11),
         "{spec_h100_test_only}": _spec_body(w, constraints={"gpu_type": "H100"}, test_only=True),
+        "{dag_cycle}": _dag_body(w, cycle=True),
     }
     body = bodies.get(body, body) if isinstance(body, str) else body
     stored = len(_api.quorum.state.allocations)

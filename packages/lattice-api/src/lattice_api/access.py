@@ -9,7 +9,7 @@ transports reach them through the same operations, so REST and gRPC cannot disag
 from __future__ import annotations
 
 from lattice_common.errors import PermissionDenied
-from lattice_common.types import Allocation
+from lattice_common.types import Allocation, Dag
 
 from lattice_api.auth import Identity, Role
 from lattice_api.permissions import authorize
@@ -48,10 +48,20 @@ def check_cancel(who: Identity, a: Allocation) -> None:
         )
 
 
+def check_dag_cancel(who: Identity, d: Dag) -> None:
+    """As :func:`check_cancel`, for a whole DAG: its submitter, or a system or tenant
+    admin."""
+    if d.user != who.user and who.role not in _CANCEL_OTHERS:
+        raise PermissionDenied(
+            f"DAG {d.id} belongs to {d.user}",
+            hint="You can only cancel your own DAGs.",
+        )
+
+
 def releases_any_claim(who: Identity) -> bool:
     """A system admin may end any user's sensitive claim; others only their own (the
     state machine checks the claimant)."""
     return who.role == Role.SYSTEM_ADMIN
 
 
-__all__ = ["check_cancel", "listing_user", "releases_any_claim", "usage_user"]
+__all__ = ["check_cancel", "check_dag_cancel", "listing_user", "releases_any_claim", "usage_user"]

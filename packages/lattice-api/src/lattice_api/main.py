@@ -89,6 +89,7 @@ async def serve(
         oidc_issuer=cfg.api.oidc_issuer,
         oidc_client_id=cfg.api.oidc_client_id,
         max_request_bytes=cfg.api.max_request_bytes,
+        max_dag_size=cfg.scheduling.max_dag_size,
     )
     agents = AgentChannels(agent_token)
     logs = LogProxy(member, agents)

@@ -13,6 +13,7 @@ from lattice_api.fabric import FabricManager
 from lattice_api.node_monitor import NodeMonitor
 from lattice_api.ops.admin import AdminOps
 from lattice_api.ops.allocations import AllocationOps, LogSource
+from lattice_api.ops.dags import DagOps
 from lattice_api.ops.launches import LaunchOps
 from lattice_api.ops.nodes import NodeOps
 from lattice_api.ops.queue import QueueOps
@@ -23,7 +24,7 @@ from lattice_api.settings import ApiSettings
 
 class Operations:
     """A thin container: one operations object per service (AllocationService's task
-    launches apart, in ``launches``), sharing the quorum."""
+    launches and DAGs apart, in ``launches`` and ``dags``), sharing the quorum."""
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class Operations:
         self.settings = settings
         self.queue = QueueOps(quorum, budget_period_days=settings.budget_period_days)
         self.allocations = AllocationOps(quorum, logs, self.queue)
+        self.dags = DagOps(quorum, self.allocations, max_size=settings.max_dag_size)
         self.launches = LaunchOps(quorum, agents or AgentChannels(), fabric=fabric)
         self.nodes = NodeOps(quorum, monitor, api_addresses=settings.api_addresses)
         self.admin = AdminOps(

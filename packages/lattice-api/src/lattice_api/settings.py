@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from lattice_common.dag import DEFAULT_MAX_DAG_SIZE
 from lattice_common.ledger import DEFAULT_BUDGET_PERIOD_DAYS
 
 
@@ -17,6 +18,8 @@ class ApiSettings:
     oidc_issuer: str = ""
     oidc_client_id: str = "lattice"
     max_request_bytes: int = 1_048_576
+    # scheduling.max_dag_size: the most allocations one DAG submission may have
+    max_dag_size: int = DEFAULT_MAX_DAG_SIZE
 
 
 __all__ = ["ApiSettings"]

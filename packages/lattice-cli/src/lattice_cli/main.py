@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "cancel": "lattice_cli.commands.cancel",
     "logs": "lattice_cli.commands.logs",
     "launch": "lattice_cli.commands.launch",
+    "dag": "lattice_cli.commands.dag",
     "nodes": "lattice_cli.commands.nodes",
     "usage": "lattice_cli.commands.usage",
     "node": "lattice_cli.commands.node",

@@ -265,6 +265,9 @@ class SchedulingConfig(_Section):
         le=60,
         description="CPU per cycle for simulating queues forward (at most 20% of the interval)",
     )
+    # Most allocations one DAG workflow may have; a larger submission is refused with
+    # the limit named (lattice_common.dag.validate_dag), nothing stored.
+    max_dag_size: int = Field(default=1000, ge=1, description="allocations per DAG at most")
     trace_capture: bool = Field(default=False, description="record cycles for RM-Replay")
     trace_path: str = Field(default="", description="where captured traces are written")
     metrics_listen: str = Field(default="0.0.0.0:9102", description="empty = no metrics")

@@ -17,6 +17,7 @@ from lattice_common.types import (
     HOLDING_STATES,
     Allocation,
     AllocationState,
+    Dag,
     Node,
     NodeState,
     Tenant,
@@ -72,6 +73,54 @@ def allocations_matching(
     if limit:
         out = out[-limit:]
     return [_copy(a) for a in out]
+
+
+# --- DAGs ------------------------------------------------------------------------------
+
+
+def _copy_dag(d: Dag) -> Dag:
+    return _copy(d, members=dict(d.members), edges=list(d.edges))
+
+
+def dag(s: GlobalState, dag_id: str) -> Dag | None:
+    d = s.dags.get(dag_id)
+    return None if d is None else _copy_dag(d)
+
+
+def dags(
+    s: GlobalState,
+    *,
+    tenant: str | None = None,
+    user: str | None = None,
+    state_filter: Collection[str] | None = None,
+    limit: int | None = None,
+) -> list[Dag]:
+    """DAGs passing every given filter (None = any; ``state_filter``: DAG states such as
+    ``"Running"``), newest submission first; ``limit`` keeps the first ``limit``."""
+    out = []
+    for d in reversed(s.dags.values()):  # newest first among equal submission times
+        if tenant and d.tenant != tenant:
+            continue
+        if user and d.user != user:
+            continue
+        if state_filter is not None and d.state not in state_filter:
+            continue
+        out.append(d)
+    out.sort(key=lambda d: -d.submitted_at)
+    if limit:
+        out = out[:limit]
+    return [_copy_dag(d) for d in out]
+
+
+def dag_member_states(s: GlobalState, d: Dag) -> dict[str, tuple[AllocationState, bool]]:
+    """ref -> (its allocation's state, whether it is held) for the members of ``d``
+    whose allocation exists."""
+    out = {}
+    for ref, alloc_id in d.members.items():
+        a = s.allocations.get(alloc_id)
+        if a is not None:
+            out[ref] = (a.state, a.held)
+    return out
 
 
 # --- nodes -----------------------------------------------------------------------------
@@ -268,6 +317,9 @@ __all__ = [
     "admit",
     "allocation",
     "allocations_matching",
+    "dag",
+    "dag_member_states",
+    "dags",
     "desired_for",
     "each_node",
     "node",

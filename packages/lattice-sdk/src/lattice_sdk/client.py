@@ -350,6 +350,68 @@ class LatticeClient:
             _raise_inline_error(item)
             yield item
 
+    # ------------------------------------------------------------------ DAG workflows
+
+    async def submit_dag(
+        self,
+        dag: str | dict[str, Any],
+        *,
+        tenant: str | None = None,
+        vcluster: str | None = None,
+        request_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Submit a DAG workflow: YAML text (a DAG file, either documented form) or the
+        decoded mapping. ``tenant``/``vcluster`` are defaults for members that name
+        none. Refused as a whole, nothing stored, when any part is wrong.
+
+        Returns ``{"dag_id", "allocation_ids", "dag", "allocations"}``; ``dag`` as
+        :meth:`get_dag` returns it. A ``request_id`` (a uuid4 hex when not given) makes
+        a retry of the same call the same DAG.
+        """
+        if isinstance(dag, str):
+            body: dict[str, Any] = {"yaml": dag}
+        elif isinstance(dag, dict):
+            body = dict(dag)
+        else:
+            raise TypeError(f"dag must be YAML text or a dict, not {type(dag).__name__}")
+        for key, value in (("tenant", tenant), ("vcluster", vcluster)):
+            if value:
+                body[key] = value
+        if request_id is None and not body.get("request_id"):
+            import uuid
+
+            request_id = uuid.uuid4().hex
+        if request_id:
+            body["request_id"] = request_id
+        return await self._call("POST", "/dags", body=body)
+
+    async def get_dag(self, dag_id: str) -> dict[str, Any]:
+        """``{"id", "name", "tenant", "user", "state", "members": [{"ref",
+        "allocation_id", "state"}], "edges": [{"upstream", "downstream", "condition"}],
+        "submitted_at", "finished_at", "revision"}``; a member waiting for its
+        dependencies is ``"Blocked"``."""
+        return await self._call("GET", f"/dags/{_seg(dag_id)}")
+
+    async def list_dags(
+        self,
+        state: str | None = None,
+        tenant: str | None = None,
+        user: str | None = None,
+        all: bool = False,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """DAGs newest first; the caller's own unless ``user`` is named or ``all=True``
+        (needs permission). ``state``: Running, Completed, Failed, Cancelled (or several,
+        comma-separated)."""
+        params = {"state": state, "tenant": tenant, "user": user, "all": bool(all), "limit": limit}
+        data = await self._call("GET", "/dags", params=params)
+        return list(_items(data, "dags"))
+
+    async def cancel_dag(self, dag_id: str, reason: str = "") -> dict[str, Any]:
+        """Cancel every member of a DAG that has not ended. Returns ``{"dag",
+        "cancelled_allocation_ids"}``."""
+        return await self._call("DELETE", f"/dags/{_seg(dag_id)}", params={"reason": reason})
+
     # ------------------------------------------------------------------ nodes
 
     async def list_nodes(self, state: str | None = None) -> list[Node]:

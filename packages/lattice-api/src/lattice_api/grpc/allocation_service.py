@@ -1,8 +1,10 @@
-"""gRPC adapter of AllocationService: proto messages in, AllocationOps, proto out."""
+"""gRPC adapter of AllocationService: proto messages in, AllocationOps (task launches:
+LaunchOps; DAGs: DagOps), proto out."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpclib
 from grpclib.const import Status
@@ -12,13 +14,30 @@ from lattice_common.wire import to_message
 
 from lattice_api.grpc.context import to_body, who
 from lattice_api.ops.allocations import AllocationOps
+from lattice_api.ops.dags import DagOps
 from lattice_api.ops.launches import LaunchOps
 
 
+def dag_body(spec: v1.DagSpec) -> dict[str, Any]:
+    """A DagSpec as the API form of a DAG body (what ``POST /api/v1/dags`` takes).
+    proto3 cannot send an unset condition: an empty one is ``success``, the default."""
+    members = []
+    for m in spec.allocations:
+        body = to_body(m.spec) if m.spec is not None else {}
+        if "depends_on" in body:
+            body["depends_on"] = [
+                {"ref": d.get("ref", ""), "condition": d.get("condition") or "success"}
+                for d in body["depends_on"]
+            ]
+        members.append({**body, "id": m.id})
+    return {"name": spec.name, "allocations": members, "request_id": spec.request_id}
+
+
 class AllocationService(v1.AllocationServiceBase):
-    def __init__(self, ops: AllocationOps, launches: LaunchOps) -> None:
+    def __init__(self, ops: AllocationOps, launches: LaunchOps, dags: DagOps) -> None:
         self.ops = ops
         self.launches = launches
+        self.dags = dags
 
     async def submit(self, message: v1.SubmitRequest) -> v1.SubmitResponse:
         if message.test_only:
@@ -40,10 +59,17 @@ class AllocationService(v1.AllocationServiceBase):
             return v1.SubmitResponse(
                 allocation_ids=[a.id for a in tasks], task_group_id=res.task_group_id
             )
+        if message.dag is not None:
+            res = await self.dags.submit(who(), dag_body(message.dag))
+            return v1.SubmitResponse(
+                dag_id=res.dag.id,
+                allocation_ids=[a.id for a in res.allocations],
+                allocations=[to_message(a, v1.Allocation) for a in res.allocations],
+            )
         if message.allocation is None:
-            raise grpclib.GRPCError(
-                Status.UNIMPLEMENTED,
-                "AllocationService.Submit: the DAG form is not implemented yet",
+            raise ValidationError(
+                "Submit needs an allocation, a dag or a task_group",
+                hint="Set one of SubmitRequest's allocation, dag or task_group.",
             )
         a = await self.ops.submit(who(), to_body(message.allocation))
         return v1.SubmitResponse(allocation_ids=[a.id], allocations=[to_message(a, v1.Allocation)])
@@ -91,6 +117,24 @@ class AllocationService(v1.AllocationServiceBase):
         )
         async for ln in lines:
             yield v1.LogLine(**ln)
+
+    async def get_dag(self, message: v1.GetDagRequest) -> v1.Dag:
+        return to_message(self.dags.get(who(), message.id), v1.Dag)
+
+    async def list_dags(self, message: v1.ListDagsRequest) -> v1.ListDagsResponse:
+        # the listing rule of allocations: the caller's own unless a user is named
+        dags = self.dags.list(
+            who(),
+            tenant=message.tenant or None,
+            user=message.user or None,
+            state=message.state or None,
+            limit=message.limit if message.limit > 0 else None,
+        )
+        return v1.ListDagsResponse(dags=[to_message(d, v1.Dag) for d in dags])
+
+    async def cancel_dag(self, message: v1.CancelDagRequest) -> v1.CancelDagResponse:
+        dag, cancelled = await self.dags.cancel(who(), message.id, message.reason)
+        return v1.CancelDagResponse(dag=to_message(dag, v1.Dag), cancelled_allocation_ids=cancelled)
 
     async def launch_tasks(self, message: v1.LaunchTasksRequest) -> v1.LaunchTasksResponse:
         body = to_body(message)

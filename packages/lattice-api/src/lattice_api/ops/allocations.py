@@ -4,7 +4,7 @@ cancel, watch, and logs (read from the head node's agent through a LogSource).""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from lattice_common import commands as c
@@ -56,14 +56,16 @@ class AllocationOps:
 
     # --- submit ---------------------------------------------------------------------
 
-    def _validate(self, who: Identity, body: dict[str, Any]) -> AllocationSpec:
+    def validate(self, who: Identity, body: Mapping[str, Any]) -> AllocationSpec:
         """The spec, or the error that refuses it: malformed input, unknown names, or a
-        request that can never run here (lattice_scheduler.admission)."""
+        request that can never run here (lattice_scheduler.admission). Every way in
+        goes through it: a single submission, a task group's template, a test-only
+        submission, and each member of a DAG (lattice_api.ops.dags)."""
         spec = self._parse(who, body)
         self.quorum.read(queries.admit, admission.check, spec)
         return spec
 
-    def _parse(self, who: Identity, body: dict[str, Any]) -> AllocationSpec:
+    def _parse(self, who: Identity, body: Mapping[str, Any]) -> AllocationSpec:
         tenants, vclusters = self.quorum.read(queries.tenant_and_vcluster_names)
         return validate_submission(
             body,
@@ -77,7 +79,7 @@ class AllocationOps:
         )
 
     async def submit(self, who: Identity, body: dict[str, Any]) -> Allocation:
-        spec = self._validate(who, body)
+        spec = self.validate(who, body)
         res = raise_if_error(
             await self.quorum.propose(c.SubmitAllocation(spec=spec, now=time.time()))
         )
@@ -88,7 +90,7 @@ class AllocationOps:
         """``sbatch --test-only``: validate and refuse as a submission would, then say
         when and where it would start; nothing is stored."""
         body = {k: v for k, v in body.items() if k not in ("task_group", "test_only")}
-        return self.queue.test_only(self._validate(who, body))
+        return self.queue.test_only(self.validate(who, body))
 
     async def submit_task_group(self, who: Identity, body: dict[str, Any]) -> c.CommandResult:
         """One allocation per index of ``body["task_group"]`` (``"0-99%20"`` or an object
@@ -106,7 +108,7 @@ class AllocationOps:
             parse_task_group(f"{start}-{end}:{step}" + (f"%{conc}" if conc else ""))
         else:
             start, end, step, conc = parse_task_group(str(tg))
-        spec = self._validate(who, {k: v for k, v in body.items() if k != "task_group"})
+        spec = self.validate(who, {k: v for k, v in body.items() if k != "task_group"})
         cmd = c.SubmitTaskGroup(
             spec=spec, start=start, end=end, step=step, concurrency=conc, now=time.time()
         )

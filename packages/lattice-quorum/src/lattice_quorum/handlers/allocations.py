@@ -11,30 +11,29 @@ from __future__ import annotations
 import msgspec
 from lattice_common import commands as c
 from lattice_common.errors import (
-    AlreadyExists,
     InvalidTransition,
-    NotFound,
     StaleRevision,
     ValidationError,
 )
 from lattice_common.state_machine import check_transition
 from lattice_common.types import (
     HOLDING_STATES,
-    NEVER_PREEMPTED_CLASS,
     Allocation,
-    AllocationSpec,
     AllocationState,
     RequeuePolicy,
-    SchedulerType,
 )
 
-from lattice_quorum.global_state import Changes, GlobalState, allocation_id_for
+from lattice_quorum.global_state import Changes, GlobalState
 from lattice_quorum.handlers.common import (
+    admitted,
     bump,
+    check_names,
     find_alloc,
     finish,
+    next_id,
     release_nodes,
     requeue,
+    reused_request,
     touch_alloc,
 )
 from lattice_quorum.handlers.dags import check_dependencies, hold
@@ -45,13 +44,13 @@ def submit_allocation(state: GlobalState, cmd: c.SubmitAllocation, ch: Changes) 
     if spec.request_id and spec.request_id in state.request_ids:
         known = state.request_ids[spec.request_id]
         if known in state.task_groups:
-            raise _reused(spec.request_id, "task group", known)
+            raise reused_request(spec.request_id, "task group", known)
         return c.CommandResult(revision=state.revision, allocation=state.allocations[known])
-    _check_names(state, spec.tenant, spec.vcluster)
-    spec = _admitted(state, spec)
+    check_names(state, spec.tenant, spec.vcluster)
+    spec = admitted(state, spec)
     waits = check_dependencies(state, spec)  # may refuse: nothing is stored yet
     bump(state)
-    a = Allocation(id=_next_id(state, cmd.now), spec=spec, submitted_at=cmd.now)
+    a = Allocation(id=next_id(state, cmd.now), spec=spec, submitted_at=cmd.now)
     if waits:
         hold(state, a)
     state.allocations[a.id] = a
@@ -61,34 +60,7 @@ def submit_allocation(state: GlobalState, cmd: c.SubmitAllocation, ch: Changes) 
     return c.CommandResult(revision=state.revision, allocation=a)
 
 
-def _reused(request_id: str, kind: str, known: str) -> AlreadyExists:
-    return AlreadyExists(
-        f'request_id "{request_id}" was already used to submit {kind} {known}',
-        hint="Use a new request_id for a new submission; resend the same request only to retry it.",
-    )
-
-
-def _admitted(state: GlobalState, spec: AllocationSpec) -> AllocationSpec:
-    """Sensitive work runs at the highest class, whatever was asked ("Priority is fixed
-    at the highest level"): it is never preempted."""
-    v = state.vclusters.get(spec.vcluster)
-    if v is not None and v.scheduler_type == SchedulerType.SENSITIVE_RESERVATION:
-        return msgspec.structs.replace(spec, preemption_class=NEVER_PREEMPTED_CLASS)
-    return spec
-
-
 MAX_TASKS_PER_GROUP = 10_000
-
-
-def _next_id(state: GlobalState, now: float) -> str:
-    if state.alloc_seq == 0 and not state.id_salt:
-        state.id_salt = int(now * 1_000_003) & 0xFFFFFFFF
-    state.alloc_seq += 1
-    alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
-    while alloc_id in state.allocations or alloc_id in state.task_groups or alloc_id in state.dags:
-        state.alloc_seq += 1
-        alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
-    return alloc_id
 
 
 def submit_task_group(state: GlobalState, cmd: c.SubmitTaskGroup, ch: Changes) -> c.CommandResult:
@@ -96,11 +68,11 @@ def submit_task_group(state: GlobalState, cmd: c.SubmitTaskGroup, ch: Changes) -
     if spec.request_id and spec.request_id in state.request_ids:
         gid = state.request_ids[spec.request_id]
         if gid not in state.task_groups:
-            raise _reused(spec.request_id, "allocation", gid)
+            raise reused_request(spec.request_id, "allocation", gid)
         members = [state.allocations[i] for i in state.task_groups[gid]]
         return c.CommandResult(revision=state.revision, task_group_id=gid, allocations=members)
-    _check_names(state, spec.tenant, spec.vcluster)
-    spec = _admitted(state, spec)
+    check_names(state, spec.tenant, spec.vcluster)
+    spec = admitted(state, spec)
     step = cmd.step or 1
     indexes = range(cmd.start, cmd.end + 1, step)
     if (
@@ -114,7 +86,7 @@ def submit_task_group(state: GlobalState, cmd: c.SubmitTaskGroup, ch: Changes) -
             hint=f"Use START-END[%CONCURRENCY] with 0 <= START <= END and at most {MAX_TASKS_PER_GROUP} tasks.",
         )
     bump(state)
-    gid = _next_id(state, cmd.now)
+    gid = next_id(state, cmd.now)
     members: list[Allocation] = []
     base_name = spec.name or spec.entrypoint.split()[0].rsplit("/", 1)[-1]
     for i in indexes:
@@ -132,7 +104,7 @@ def submit_task_group(state: GlobalState, cmd: c.SubmitTaskGroup, ch: Changes) -
             request_id="",
         )
         a = Allocation(
-            id=_next_id(state, cmd.now),
+            id=next_id(state, cmd.now),
             spec=task_spec,
             submitted_at=cmd.now,
             task_group_id=gid,
@@ -146,21 +118,6 @@ def submit_task_group(state: GlobalState, cmd: c.SubmitTaskGroup, ch: Changes) -
     if spec.request_id:
         state.request_ids[spec.request_id] = gid
     return c.CommandResult(revision=state.revision, task_group_id=gid, allocations=members)
-
-
-def _check_names(state: GlobalState, tenant: str, vcluster: str) -> None:
-    if tenant not in state.tenants:
-        raise NotFound(
-            f'unknown tenant "{tenant}"',
-            details={"available": ", ".join(sorted(state.tenants)) or "(none)"},
-            hint="Pick one of the available tenants with --tenant.",
-        )
-    if vcluster not in state.vclusters:
-        raise NotFound(
-            f'unknown vCluster "{vcluster}"',
-            details={"available": ", ".join(sorted(state.vclusters)) or "(none)"},
-            hint="Pick one of the available vClusters with --vcluster.",
-        )
 
 
 def update_allocation_state(

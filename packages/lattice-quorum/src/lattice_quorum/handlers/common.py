@@ -1,6 +1,7 @@
 """Primitives every handler domain shares: revision bumps, change tracking, lookups
 that fail with the user-facing NotFound, and the allocation lifecycle steps (finish,
-requeue, freeing nodes) that node failures and allocation commands both take.
+requeue, freeing nodes) that node failures and allocation commands both take, and what
+every kind of submission (single, task group, DAG) shares: names checked, ids, admission.
 
 Only ``state.apply``'s handlers call these, always under its rule: validate first,
 then mutate, so a rejected command changes nothing.
@@ -8,11 +9,28 @@ then mutate, so a rejected command changes nothing.
 
 from __future__ import annotations
 
-from lattice_common.errors import NotFound
-from lattice_common.state_machine import check_transition
-from lattice_common.types import HOLDING_STATES, Allocation, AllocationState, Node, NodeState
+from collections.abc import Callable
 
-from lattice_quorum.global_state import Changes, GlobalState
+import msgspec
+from lattice_common.errors import AlreadyExists, NotFound
+from lattice_common.state_machine import check_transition
+from lattice_common.types import (
+    HOLDING_STATES,
+    NEVER_PREEMPTED_CLASS,
+    Allocation,
+    AllocationSpec,
+    AllocationState,
+    Node,
+    NodeState,
+    SchedulerType,
+)
+
+from lattice_quorum.global_state import Changes, GlobalState, allocation_id_for
+
+#: What an allocation's end means for the allocations that depend on it: set by
+#: ``handlers.dags`` when it is imported (it builds on ``finish``, so ``finish`` cannot
+#: import it); ``state`` imports every handler module, so apply always has it.
+on_ended: Callable[[GlobalState, Allocation, float, Changes], None] | None = None
 
 
 def bump(state: GlobalState) -> int:
@@ -93,10 +111,8 @@ def finish(
     a.estimated_start, a.estimate_basis = None, ""
     a.finished_at = finished_at if finished_at is not None else now
     touch_alloc(state, a, ch)
-    if resolve_dag and (a.dag_id or a.id in state.dependents):
-        from lattice_quorum.handlers.dags import ended  # dags builds on finish
-
-        ended(state, a, now, ch)
+    if resolve_dag and on_ended is not None and (a.dag_id or a.id in state.dependents):
+        on_ended(state, a, now, ch)
 
 
 def requeue(
@@ -115,3 +131,48 @@ def requeue(
         a.requeue_count += 1
     a.reason = reason
     touch_alloc(state, a, ch)  # submitted_at is kept: no queue-jumping penalty
+
+
+# --- submission: the names, ids and rules every kind of submission shares ----------
+
+
+def reused_request(request_id: str, kind: str, known: str) -> AlreadyExists:
+    return AlreadyExists(
+        f'request_id "{request_id}" was already used to submit {kind} {known}',
+        hint="Use a new request_id for a new submission; resend the same request only to retry it.",
+    )
+
+
+def admitted(state: GlobalState, spec: AllocationSpec) -> AllocationSpec:
+    """Sensitive work runs at the highest class, whatever was asked ("Priority is fixed
+    at the highest level"): it is never preempted."""
+    v = state.vclusters.get(spec.vcluster)
+    if v is not None and v.scheduler_type == SchedulerType.SENSITIVE_RESERVATION:
+        return msgspec.structs.replace(spec, preemption_class=NEVER_PREEMPTED_CLASS)
+    return spec
+
+
+def next_id(state: GlobalState, now: float) -> str:
+    if state.alloc_seq == 0 and not state.id_salt:
+        state.id_salt = int(now * 1_000_003) & 0xFFFFFFFF
+    state.alloc_seq += 1
+    alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
+    while alloc_id in state.allocations or alloc_id in state.task_groups or alloc_id in state.dags:
+        state.alloc_seq += 1
+        alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
+    return alloc_id
+
+
+def check_names(state: GlobalState, tenant: str, vcluster: str) -> None:
+    if tenant not in state.tenants:
+        raise NotFound(
+            f'unknown tenant "{tenant}"',
+            details={"available": ", ".join(sorted(state.tenants)) or "(none)"},
+            hint="Pick one of the available tenants with --tenant.",
+        )
+    if vcluster not in state.vclusters:
+        raise NotFound(
+            f'unknown vCluster "{vcluster}"',
+            details={"available": ", ".join(sorted(state.vclusters)) or "(none)"},
+            hint="Pick one of the available vClusters with --vcluster.",
+        )

@@ -42,7 +42,16 @@ from lattice_common.types import (
 )
 
 from lattice_quorum.global_state import Changes, GlobalState
-from lattice_quorum.handlers.common import bump, finish, touch_alloc
+from lattice_quorum.handlers import common
+from lattice_quorum.handlers.common import (
+    admitted,
+    bump,
+    check_names,
+    finish,
+    next_id,
+    reused_request,
+    touch_alloc,
+)
 
 __all__ = ["cancel_dag", "check_dependencies", "ended", "hold", "submit_dag"]
 
@@ -84,18 +93,16 @@ class _States(Mapping[str, MemberState]):
 
 
 def submit_dag(state: GlobalState, cmd: c.SubmitDag, ch: Changes) -> c.CommandResult:
-    from lattice_quorum.handlers.allocations import _admitted, _check_names, _next_id, _reused
-
     if cmd.request_id and cmd.request_id in state.request_ids:
         known = state.request_ids[cmd.request_id]
         d = state.dags.get(known)
         if d is None:
-            raise _reused(cmd.request_id, "allocation", known)
+            raise reused_request(cmd.request_id, "allocation", known)
         return c.CommandResult(revision=state.revision, dag=d, allocations=_members(state, d))
     if not cmd.members:
         raise ValidationError("a DAG needs at least one allocation")
     for m in cmd.members:
-        _check_names(state, m.spec.tenant, m.spec.vcluster)
+        check_names(state, m.spec.tenant, m.spec.vcluster)
     definition = DagDefinition(
         name=cmd.name,
         members=tuple(
@@ -106,7 +113,7 @@ def submit_dag(state: GlobalState, cmd: c.SubmitDag, ch: Changes) -> c.CommandRe
     DagIndex(definition, max_size=cmd.max_size)  # validates: refs, cycles, size
     bump(state)
     d = Dag(
-        id=_next_id(state, cmd.now),
+        id=next_id(state, cmd.now),
         name=cmd.name,
         tenant=cmd.members[0].spec.tenant,
         user=cmd.members[0].spec.user,
@@ -119,9 +126,9 @@ def submit_dag(state: GlobalState, cmd: c.SubmitDag, ch: Changes) -> c.CommandRe
             DependencyCondition.parse(e.condition) is not DependencyCondition.MUTEX
             for e in m.spec.depends_on
         )
-        spec = _admitted(state, msgspec.structs.replace(m.spec, request_id=""))
+        spec = admitted(state, msgspec.structs.replace(m.spec, request_id=""))
         a = Allocation(
-            id=_next_id(state, cmd.now),
+            id=next_id(state, cmd.now),
             spec=spec,
             submitted_at=cmd.now,
             dag_id=d.id,
@@ -285,3 +292,6 @@ def _settle(state: GlobalState, d: Dag, now: float) -> None:
 
 def _members(state: GlobalState, d: Dag) -> list[Allocation]:
     return [state.allocations[aid] for aid in d.members.values()]
+
+
+common.on_ended = ended
