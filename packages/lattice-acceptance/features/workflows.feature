@@ -40,3 +40,26 @@ Feature: Workflows: dependencies between jobs and DAGs
     Then the submission is refused with "which Lattice does not support"
     And the error carries a "Hint:" line
     And no allocation was stored
+
+  Scenario: A diamond DAG from YAML runs each stage after the ones it depends on
+    When I submit with lattice dag submit a DAG "diamond" where "b" and "c" follow "a" and "d" follows "b" and "c"
+    Then lattice confirms "Submitted DAG" with 4 allocations
+    And lattice dag status shows "b", "c" and "d" Blocked while "a" has not ended
+    And every stage ends Completed, "a" first and "d" last
+    And lattice dag status shows the DAG Completed
+
+  Scenario: A 4-stage pipeline runs its stages in order
+    When I submit with lattice dag submit a pipeline "pipe" of the stages "s1", "s2", "s3" and "s4"
+    Then every stage ends Completed, in the order "s1", "s2", "s3", "s4"
+    And lattice dag status shows the DAG Completed
+
+  Scenario: A failure branch of a DAG runs only when its predecessor fails
+    When I submit with lattice dag submit a DAG "guarded" where "train" exits with code 2, "evaluate" follows it on success and "notify" on failure
+    Then "evaluate" of the DAG ends Cancelled with the reason "dependency never satisfied: train failed (needed success)"
+    And "notify" of the DAG ends Completed
+    And lattice dag status shows the DAG Completed
+
+  Scenario: A DAG with a cycle is refused with the cycle's path and nothing is stored
+    When I submit with lattice dag submit a DAG whose "a" follows "c", "b" follows "a" and "c" follows "b"
+    Then the submission is refused with "dependency cycle: a -> b -> c -> a"
+    And no allocation was stored
