@@ -22,6 +22,7 @@ EXPECTED = {
     "cli_latency.py": {"queued", "status_p50_ms"},
     "scheduler_cycle.py": {"pending", "nodes", "median_s", "peak_rss_mb"},
     "pmi_fence.py": {"fence_ms", "fanout_256_ms"},
+    "dag.py": {"chain_per_stage_ms", "fanout_enqueue_s", "attach_echo_p50_ms"},
 }
 
 
