@@ -63,3 +63,10 @@ Feature: Workflows: dependencies between jobs and DAGs
     When I submit with lattice dag submit a DAG whose "a" follows "c", "b" follows "a" and "c" follows "b"
     Then the submission is refused with "dependency cycle: a -> b -> c -> a"
     And no allocation was stored
+
+  Scenario: Jobs of one user with the same name and --dependency=singleton run one at a time
+    Given a job "nightly-1" named "nightly" with --dependency=singleton that runs until released
+    When I submit a job "nightly-2" named "nightly" with --dependency=singleton
+    Then "nightly-2" stays Pending with the reason "waiting for its singleton mutex: another job named 'nightly' runs" while a node is free
+    When "nightly-1" is released
+    Then "nightly-1" and "nightly-2" end Completed, in that order

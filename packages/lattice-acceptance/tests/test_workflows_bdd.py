@@ -49,7 +49,7 @@ def _ids(world: World, text: str) -> str:
     return re.sub(r"<(\w+)>", lambda m: world.jobs[m.group(1)].id, text)
 
 
-def _script_job(world: World, name: str, header: list[str], body: str) -> Job:
+def _script_job(world: World, name: str, header: list[str], body: str, job_name: str = "") -> Job:
     d = world.workdir / name
     d.mkdir()
     script = d / f"{name}.sh"
@@ -57,7 +57,7 @@ def _script_job(world: World, name: str, header: list[str], body: str) -> Job:
         "\n".join(
             [
                 "#!/bin/bash",
-                f"#SBATCH --job-name={name}",
+                f"#SBATCH --job-name={job_name or name}",
                 "#SBATCH --time=5:00",
                 *header,
                 f"echo {name} >> {world.order_file}",
@@ -104,6 +104,22 @@ def dependent_job(world: World, name: str, cond: str, other: str) -> None:
     _script_job(world, name, header, f"echo done {name}")
 
 
+@given(
+    parsers.parse(
+        'a job "{name}" named "{job_name}" with --dependency=singleton that runs until released'
+    )
+)
+def singleton_until_released(world: World, name: str, job_name: str) -> None:
+    wait = _wait_until_released(world, name)
+    job = _script_job(world, name, ["#SBATCH --dependency=singleton"], wait, job_name)
+    world.cluster.wait_state(job.id, "Running", timeout=TIMEOUT)
+
+
+@when(parsers.parse('I submit a job "{name}" named "{job_name}" with --dependency=singleton'))
+def singleton_job(world: World, name: str, job_name: str) -> None:
+    _script_job(world, name, ["#SBATCH --dependency=singleton"], f"echo done {name}", job_name)
+
+
 @when(parsers.parse('I submit a script with "{line}" as "{name}"'))
 def script_with_line(world: World, line: str, name: str) -> None:
     _script_job(world, name, [_ids(world, line)], f"echo done {name}")
@@ -126,6 +142,11 @@ def submit_bad_dependency(world: World, text: str) -> None:
 @then(parsers.parse('"{name}" stays Pending with the reason "{reason}" while a node is free'))
 def stays_pending(world: World, name: str, reason: str) -> None:
     c = world.cluster
+    c.wait_for(  # the scheduler publishes a reason on its next cycle
+        f"{name}'s pending reason",
+        lambda: c.get(world.jobs[name].id)["pending_reason"] == reason,
+        timeout=TIMEOUT,
+    )
     deadline = time.monotonic() + OBSERVE_SECONDS
     while time.monotonic() < deadline:
         a = c.get(world.jobs[name].id)

@@ -48,7 +48,13 @@ from lattice_common.types import (
 from lattice_common.watch import StateMirror
 
 from lattice_scheduler import cost, intranode, reasons
-from lattice_scheduler.placement import eligible, limit_task_groups, order_pending, plan_cycle
+from lattice_scheduler.placement import (
+    eligible,
+    limit_mutexes,
+    limit_task_groups,
+    order_pending,
+    plan_cycle,
+)
 from lattice_scheduler.preemption import PreemptionPolicy, non_preemptible, select_victims
 from lattice_scheduler.solver import REASON_OCCUPIED, Pending, Proposal, Reservation, solve
 from lattice_scheduler.topology import TopologyModel
@@ -147,7 +153,8 @@ def queue(
     if not pending:
         return [], holding, []
     pending, limited = limit_task_groups(pending, holding)
-    return pending, holding, list(limited)
+    pending, waiting = limit_mutexes(pending, holding)
+    return pending, holding, [*limited, *waiting]
 
 
 def solver_order(pending: Iterable[Allocation], scores: Mapping[str, float]) -> tuple[str, ...]:
@@ -205,8 +212,8 @@ def decide_vcluster(
     if exclude is None:
         exclude = held_back_ids(m)
     pending, holding, limited = queue(m, vc, exclude)
-    if not pending:
-        return CycleDecision()
+    if not pending:  # every pending one is held by a limit: say why
+        return CycleDecision(waiting=list(limited))
     kind = scheduler_type(m, vc)
     if not any(n.schedulable for n in m.nodes.values()):
         # no free node anywhere: nothing can start, borrowed or not; keep the cycle

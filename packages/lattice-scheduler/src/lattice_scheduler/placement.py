@@ -173,6 +173,32 @@ def plan_cycle(
     return proposals, waiting
 
 
+def mutex_keys(a: Allocation) -> tuple[str, ...]:
+    """The singleton mutexes ``a`` holds while it runs: per user, as Slurm's singleton."""
+    return tuple(
+        f"{a.spec.user}/{d.ref}" for d in a.spec.depends_on if d.condition in ("mutex", "singleton")
+    )
+
+
+def limit_mutexes(
+    pending: Iterable[Allocation], holding: Iterable[Allocation]
+) -> tuple[list[Allocation], list[Pending]]:
+    """At most one allocation per singleton mutex runs: one that waits while another
+    holds its mutex, or behind an earlier submission of the same mutex this cycle."""
+    taken = {k for a in holding if a.state in HOLDING_STATES for k in mutex_keys(a)}
+    free_to_start: list[Allocation] = []
+    held: list[Pending] = []
+    for a in sorted(pending, key=lambda a: (a.submitted_at, a.id)):
+        keys = mutex_keys(a)
+        if keys and any(k in taken for k in keys):
+            name = next(k for k in keys if k in taken).split("/", 1)[1]
+            held.append(Pending(a.id, reasons.MUTEX, f"another job named {name!r} runs"))
+            continue
+        taken.update(keys)
+        free_to_start.append(a)
+    return free_to_start, held
+
+
 def limit_task_groups(
     pending: Iterable[Allocation], holding: Iterable[Allocation]
 ) -> tuple[list[Allocation], list[Pending]]:

@@ -26,6 +26,7 @@ CONFORMANCE = "insufficient conformance group"
 POWER = "waiting for power budget headroom"
 TASK_GROUP_LIMIT = "task group concurrency limit"
 WAITING_FOR_CAPACITY = "waiting for capacity"
+MUTEX = "waiting for its singleton mutex"
 
 
 def text(kind: str, detail: str = "") -> str:
