@@ -275,10 +275,21 @@ async def test_the_size_limit_comes_from_the_settings() -> None:
             assert status == 201
 
 
-async def test_task_group_members_are_refused_naming_the_member(served: Any) -> None:
+async def test_task_group_members_pair_elements_with_aftercorr(served: Any) -> None:
     api, _w, rest, _channel = served
-    before = stored(api)
-    body = {**WHERE, "allocations": [member("a"), member("arr", task_group="0-3")]}
-    status, err = await rest.call("POST", "/api/v1/dags", ALICE, body)
-    assert status == 400 and err["error"]["message"].startswith("member 'arr': task groups")
-    assert stored(api) == before
+    body = {
+        **WHERE,
+        "allocations": [
+            member("pre", task_group="0-3%2"),
+            {**member("train", task_group="0-5"), "depends_on": [{"pre": "corresponding"}]},
+        ],
+    }
+    status, res = await rest.call("POST", "/api/v1/dags", ALICE, body)
+    assert status == 201, res
+    states = {m["ref"]: m["state"] for m in res["dag"]["members"]}
+    assert {f"pre[{i}]" for i in range(4)} <= set(states)
+    # train[i] waits for pre[i]; train[4] and train[5] have no pre element: queued at once
+    assert [states[f"train[{i}]"] for i in range(6)] == ["Blocked"] * 4 + ["Pending"] * 2
+    pre = [a for a in res["allocations"] if a["dag_ref"].startswith("pre[")]
+    assert {a["task_group_concurrency"] for a in pre} == {2}
+    assert all(a["spec"]["env"]["LATTICE_TASK_INDEX"] == a["dag_ref"][4] for a in pre)

@@ -263,3 +263,28 @@ def test_plain_dependency_on_a_dag_member_cascades_through_the_dag() -> None:
     end(s, ids["a"], FAILED, 1)  # cancels b in the DAG, and so after_b
     assert s.allocations[ids["b"]].state == AllocationState.CANCELLED
     assert s.allocations[after_b].state == AllocationState.CANCELLED
+
+
+def test_aftercorr_pairs_the_elements_of_two_task_groups() -> None:
+    s = world()
+    pre = c.DagMemberSubmission(
+        ref="pre", spec=b.spec("prep ${INDEX}", tenant="t", vcluster="v"), task_group="0-9"
+    )
+    train = member("train", ("pre", "corresponding"))
+    train.task_group = "0-9"
+    res = ok(s, c.SubmitDag(name="arrays", members=[pre, train], now=10.0))
+    assert res.dag is not None
+    ids = dict(res.dag.members)
+    assert len(ids) == 20 and s.allocations[ids["pre[3]"]].spec.entrypoint == "prep 3"
+    assert held(s, ids) == {f"train[{i}]" for i in range(10)}
+    end(s, ids["pre[3]"], DONE, 0)
+    assert held(s, ids) == {f"train[{i}]" for i in range(10) if i != 3}
+    end(s, ids["pre[4]"], FAILED, 1)
+    t4 = s.allocations[ids["train[4]"]]
+    assert t4.state == AllocationState.CANCELLED
+    assert t4.reason == "dependency never satisfied: pre[4] failed (needed corresponding)"
+    assert s.allocations[ids["train[5]"]].held  # element 5 does not care about element 4
+    # the stored DAG resolves the same after a snapshot
+    restored = msgspec.msgpack.decode(msgspec.msgpack.encode(s), type=GlobalState)
+    end(restored, ids["pre[5]"], DONE, 0)
+    assert not restored.allocations[ids["train[5]"]].held

@@ -73,6 +73,7 @@ class DagMemberSubmission(msgspec.Struct, kw_only=True):
 
     ref: str
     spec: AllocationSpec
+    task_group: str = ""  # START-END[:STEP][%N]: a job array, one allocation per index
 
 
 class SubmitDag(Command, tag="submit_dag"):

@@ -143,8 +143,10 @@ class Dag(msgspec.Struct, kw_only=True, dict=True):
     name: str = ""
     tenant: str = ""
     user: str = ""
-    members: dict[str, str] = msgspec.field(default_factory=dict)  # ref -> allocation id
+    # ref -> allocation id; a task-group member has one entry per index, "ref[i]"
+    members: dict[str, str] = msgspec.field(default_factory=dict)
     edges: list[DagEdge] = msgspec.field(default_factory=list)
+    task_groups: dict[str, str] = msgspec.field(default_factory=dict)  # ref -> its range
     state: str = "Running"  # Running | Completed | Failed | Cancelled
     submitted_at: float = 0.0
     finished_at: float | None = None

@@ -185,14 +185,7 @@ class DagOps:
     def _member_spec(
         self, who: Identity, m_id: str, body: Mapping[str, Any], defaults: Mapping[str, Any]
     ) -> AllocationSpec:
-        if body.get("task_group") not in (None, ""):
-            raise ValidationError(
-                "task groups inside a DAG are not supported yet",
-                details={"field": "task_group"},
-                hint="Submit the task group on its own (`lattice submit --task-group`), "
-                "or list its elements as separate allocations of the DAG.",
-            )
-        merged = dict(body)
+        merged = {k: v for k, v in body.items() if k != "task_group"}
         for key, value in defaults.items():
             if merged.get(key) in (None, ""):
                 merged[key] = value
@@ -216,7 +209,12 @@ class DagOps:
         validate_dag(dag, max_size=self.max_size, validate_spec=check)
         cmd = c.SubmitDag(
             name=dag.name,
-            members=[c.DagMemberSubmission(ref=m.id, spec=specs[m.id]) for m in dag.members],
+            members=[
+                c.DagMemberSubmission(
+                    ref=m.id, spec=specs[m.id], task_group=_range_text(m.spec.get("task_group"))
+                )
+                for m in dag.members
+            ],
             request_id=request_id,
             max_size=self.max_size,
             now=time.time(),
@@ -292,3 +290,14 @@ __all__ = [
     "member_state",
     "parse_dag_states",
 ]
+
+
+def _range_text(tg: Any) -> str:
+    """A member's ``task_group`` (text, or {start, end, step, concurrency}) as the text
+    form the quorum takes; "" for a single allocation. Already checked by validate_dag."""
+    if tg in (None, ""):
+        return ""
+    if isinstance(tg, Mapping):
+        text = f"{int(tg.get('start', 0))}-{int(tg['end'])}:{int(tg.get('step') or 1)}"
+        return text + (f"%{int(tg['concurrency'])}" if tg.get("concurrency") else "")
+    return str(tg)

@@ -8,7 +8,6 @@ claims) are in ``handlers.assignment``.
 
 from __future__ import annotations
 
-import msgspec
 from lattice_common import commands as c
 from lattice_common.errors import (
     InvalidTransition,
@@ -34,6 +33,7 @@ from lattice_quorum.handlers.common import (
     release_nodes,
     requeue,
     reused_request,
+    task_spec,
     touch_alloc,
 )
 from lattice_quorum.handlers.dags import check_dependencies, hold
@@ -88,24 +88,10 @@ def submit_task_group(state: GlobalState, cmd: c.SubmitTaskGroup, ch: Changes) -
     bump(state)
     gid = next_id(state, cmd.now)
     members: list[Allocation] = []
-    base_name = spec.name or spec.entrypoint.split()[0].rsplit("/", 1)[-1]
     for i in indexes:
-        task_spec = msgspec.structs.replace(
-            spec,
-            entrypoint=spec.entrypoint.replace("${INDEX}", str(i)),
-            env={
-                **spec.env,
-                "LATTICE_TASK_INDEX": str(i),
-                "LATTICE_TASK_GROUP_ID": gid,
-                "SLURM_ARRAY_TASK_ID": str(i),
-                "SLURM_ARRAY_JOB_ID": gid,
-            },
-            name=f"{base_name}[{i}]",
-            request_id="",
-        )
         a = Allocation(
             id=next_id(state, cmd.now),
-            spec=task_spec,
+            spec=task_spec(spec, gid, i),
             submitted_at=cmd.now,
             task_group_id=gid,
             task_index=i,

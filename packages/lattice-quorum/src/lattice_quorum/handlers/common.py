@@ -176,3 +176,22 @@ def check_names(state: GlobalState, tenant: str, vcluster: str) -> None:
             details={"available": ", ".join(sorted(state.vclusters)) or "(none)"},
             hint="Pick one of the available vClusters with --vcluster.",
         )
+
+
+def task_spec(spec: AllocationSpec, group_id: str, index: int) -> AllocationSpec:
+    """Task ``index`` of a task group (job array): ``${INDEX}`` in the entrypoint,
+    LATTICE_TASK_INDEX and the SLURM_ARRAY_* twins, ``name[index]``."""
+    base_name = spec.name or spec.entrypoint.split()[0].rsplit("/", 1)[-1]
+    return msgspec.structs.replace(
+        spec,
+        entrypoint=spec.entrypoint.replace("${INDEX}", str(index)),
+        env={
+            **spec.env,
+            "LATTICE_TASK_INDEX": str(index),
+            "LATTICE_TASK_GROUP_ID": group_id,
+            "SLURM_ARRAY_TASK_ID": str(index),
+            "SLURM_ARRAY_JOB_ID": group_id,
+        },
+        name=f"{base_name}[{index}]",
+        request_id="",
+    )

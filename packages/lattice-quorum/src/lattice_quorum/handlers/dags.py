@@ -30,6 +30,7 @@ from lattice_common.dag import (
     dag_state,
     dependency_verdict,
     resolve,
+    unit_key,
 )
 from lattice_common.errors import InvalidTransition, NotFound, ValidationError
 from lattice_common.types import (
@@ -50,6 +51,7 @@ from lattice_quorum.handlers.common import (
     finish,
     next_id,
     reused_request,
+    task_spec,
     touch_alloc,
 )
 
@@ -61,11 +63,17 @@ def _index(d: Dag) -> DagIndex:
     replicated (kept in the record's ``__dict__``, rebuilt after a snapshot install)."""
     idx: DagIndex | None = d.__dict__.get("lattice_index")
     if idx is None:
-        deps: dict[str, list[Dependency]] = {ref: [] for ref in d.members}
+        refs = list(dict.fromkeys(ref.split("[", 1)[0] for ref in d.members))
+        deps: dict[str, list[Dependency]] = {ref: [] for ref in refs}
         for e in d.edges:
             deps[e.downstream].append(Dependency(e.upstream, e.condition))
         members = tuple(
-            DagMemberSpec(id=ref, spec={}, depends_on=tuple(deps[ref])) for ref in d.members
+            DagMemberSpec(
+                id=ref,
+                spec={"task_group": d.task_groups[ref]} if ref in d.task_groups else {},
+                depends_on=tuple(deps[ref]),
+            )
+            for ref in refs
         )
         idx = DagIndex(DagDefinition(name=d.name, members=members), max_size=len(members))
         d.__dict__["lattice_index"] = idx
@@ -106,11 +114,15 @@ def submit_dag(state: GlobalState, cmd: c.SubmitDag, ch: Changes) -> c.CommandRe
     definition = DagDefinition(
         name=cmd.name,
         members=tuple(
-            DagMemberSpec(id=m.ref, spec={}, depends_on=tuple(m.spec.depends_on))
+            DagMemberSpec(
+                id=m.ref,
+                spec={"task_group": m.task_group} if m.task_group else {},
+                depends_on=tuple(m.spec.depends_on),
+            )
             for m in cmd.members
         ),
     )
-    DagIndex(definition, max_size=cmd.max_size)  # validates: refs, cycles, size
+    index = DagIndex(definition, max_size=cmd.max_size)  # validates: refs, cycles, size
     bump(state)
     d = Dag(
         id=next_id(state, cmd.now),
@@ -127,23 +139,38 @@ def submit_dag(state: GlobalState, cmd: c.SubmitDag, ch: Changes) -> c.CommandRe
             for e in m.spec.depends_on
         )
         spec = admitted(state, msgspec.structs.replace(m.spec, request_id=""))
-        a = Allocation(
-            id=next_id(state, cmd.now),
-            spec=spec,
-            submitted_at=cmd.now,
-            dag_id=d.id,
-            dag_ref=m.ref,
-            held=waits,
-            pending_reason="waiting for dependencies" if waits else "",
-        )
-        state.allocations[a.id] = a
-        d.members[m.ref] = a.id
+        indices = index.indices[m.ref]
+        group = next_id(state, cmd.now) if indices is not None else ""
+        if indices is not None:
+            d.task_groups[m.ref] = m.task_group
+        for i in indices if indices is not None else (None,):
+            a = Allocation(
+                id=next_id(state, cmd.now),
+                spec=spec if i is None else task_spec(spec, group, i),
+                submitted_at=cmd.now,
+                dag_id=d.id,
+                dag_ref=unit_key(m.ref, i),
+                held=waits,
+                pending_reason="waiting for dependencies" if waits else "",
+                task_group_id=group,
+                task_index=i,
+                task_group_concurrency=_concurrency(m.task_group),
+            )
+            state.allocations[a.id] = a
+            d.members[a.dag_ref] = a.id
+            touch_alloc(state, a, ch)
+            created.append(a)
+        if group:
+            state.task_groups[group] = [d.members[unit_key(m.ref, i)] for i in indices or ()]
         for e in m.spec.depends_on:
             if DependencyCondition.parse(e.condition) is not DependencyCondition.MUTEX:
                 d.edges.append(DagEdge(e.ref, m.ref, DependencyCondition.parse(e.condition)))
-        touch_alloc(state, a, ch)
-        created.append(a)
     state.dags[d.id] = d
+    d.__dict__["lattice_index"] = index
+    # what holds already (aftercorr elements without a predecessor element)
+    for ref in resolve(index, _States(state, d), with_state=False).release:
+        m = state.allocations[d.members[ref]]
+        m.held, m.pending_reason = False, ""
     if cmd.request_id:
         state.request_ids[cmd.request_id] = d.id
     return c.CommandResult(revision=state.revision, dag=d, allocations=created)
@@ -288,6 +315,11 @@ def _settle(state: GlobalState, d: Dag, now: float) -> None:
         d.state = st.value
         d.finished_at = now
     d.revision = state.revision
+
+
+def _concurrency(task_group: str) -> int:
+    _, _, limit = task_group.partition("%")
+    return int(limit) if limit.isdigit() else 0
 
 
 def _members(state: GlobalState, d: Dag) -> list[Allocation]:
