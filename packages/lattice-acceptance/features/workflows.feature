@@ -70,3 +70,8 @@ Feature: Workflows: dependencies between jobs and DAGs
     Then "nightly-2" stays Pending with the reason "waiting for its singleton mutex: another job named 'nightly' runs" while a node is free
     When "nightly-1" is released
     Then "nightly-1" and "nightly-2" end Completed, in that order
+
+  Scenario: aftercorr over two 10-task arrays starts element i after element i of the first array
+    When I submit with lattice dag submit two 10-task arrays "pre" and "train" where "train" follows "pre" element by element
+    Then all 20 tasks end Completed
+    And every "train" element started after the "pre" element with its index ended

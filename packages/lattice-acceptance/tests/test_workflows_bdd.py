@@ -360,3 +360,47 @@ def dag_member_cancelled(world: World, ref: str, reason: str) -> None:
 @then(parsers.parse('"{ref}" of the DAG ends Completed'))
 def dag_member_completed(world: World, ref: str) -> None:
     world.cluster.wait_state(_member_ids(world)[ref], "Completed", timeout=TIMEOUT)
+
+
+@when(
+    parsers.parse(
+        'I submit with lattice dag submit two {n:d}-task arrays "{pre}" and "{train}" where '
+        '"{train2}" follows "{pre2}" element by element'
+    )
+)
+def submit_arrays(world: World, n: int, pre: str, train: str, train2: str, pre2: str) -> None:
+    d = world.workdir
+    stages = [
+        f"  - name: {pre}\n"
+        f"    entrypoint: \"sh -c 'sleep 0.$((${{INDEX}} % 3)); touch {d}/{pre}-${{INDEX}}'\"\n"
+        f'    task_group: "0-{n - 1}"\n'
+        '    walltime: "5m"',
+        f"  - name: {train}\n"
+        f"    entrypoint: \"sh -c 'test -e {d}/{pre}-${{INDEX}}'\"\n"
+        f'    task_group: "0-{n - 1}"\n'
+        '    walltime: "5m"\n'
+        "    depends_on:\n"
+        f"      - {pre2}: corresponding",
+    ]
+    _submit_dag(world, "arrays", stages)
+
+
+@then(parsers.parse("all {n:d} tasks end Completed"))
+def all_tasks_completed(world: World, n: int) -> None:
+    ids = _member_ids(world)
+    assert len(ids) == n, ids
+    for aid in ids.values():
+        a = world.cluster.wait_state(aid, ("Completed", "Failed", "Cancelled"), timeout=60)
+        assert a["state"] == "Completed", a
+
+
+@then(
+    parsers.parse('every "{train}" element started after the "{pre}" element with its index ended')
+)
+def elementwise_order(world: World, train: str, pre: str) -> None:
+    ids = _member_ids(world)
+    allocs = {ref: world.cluster.get(aid) for ref, aid in ids.items()}
+    for ref, a in allocs.items():
+        if ref.startswith(f"{train}["):
+            before = allocs[ref.replace(train, pre, 1)]
+            assert a["started_at"] >= before["finished_at"], (ref, a, before)
