@@ -276,7 +276,7 @@ async def test_the_size_limit_comes_from_the_settings() -> None:
 
 
 async def test_task_group_members_pair_elements_with_aftercorr(served: Any) -> None:
-    api, _w, rest, _channel = served
+    _, _w, rest, _channel = served
     body = {
         **WHERE,
         "allocations": [

@@ -47,6 +47,8 @@ NOT_ON_THE_WIRE: set[type[msgspec.Struct]] = {
     # the stored form (member ids by ref); the wire's Dag carries each member's state,
     # put together from the member allocations by the API
     types.Dag,
+    # likewise: the wire's Session adds its allocation's state and nodes
+    types.Session,
 }
 
 _INT_TYPES = {

@@ -22,6 +22,7 @@ from lattice_common.types import (
     NodeCapabilities,
     NodeState,
     SchedulerType,
+    Session,
     StartEstimate,
     Tenant,
     VCluster,
@@ -92,6 +93,19 @@ class CancelDag(Command, tag="cancel_dag"):
 
     dag_id: str
     reason: str = "DAG cancelled"
+
+
+class CreateSession(Command, tag="create_session"):
+    """An interactive session: its allocation is submitted with it (one command)."""
+
+    spec: AllocationSpec
+
+
+class DeleteSession(Command, tag="delete_session"):
+    """End a session: its allocation is cancelled if it has not ended."""
+
+    session_id: str
+    reason: str = "session ended"
 
 
 class AssignNodes(Command, tag="assign_nodes"):
@@ -226,6 +240,8 @@ AnyCommand = (
     | SubmitTaskGroup
     | SubmitDag
     | CancelDag
+    | CreateSession
+    | DeleteSession
     | AssignNodes
     | ReleaseNodeClaim
     | ScaleAllocation
@@ -271,6 +287,7 @@ class CommandResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     task_group_id: str = ""  # for SubmitTaskGroup
     allocations: list[Allocation] | None = None  # for SubmitTaskGroup, SubmitDag, CancelDag
     dag: Dag | None = None  # for SubmitDag, CancelDag
+    session: Session | None = None  # for CreateSession, DeleteSession
 
 
 _result_encoder = msgspec.msgpack.Encoder()

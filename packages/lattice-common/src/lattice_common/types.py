@@ -154,6 +154,20 @@ class Dag(msgspec.Struct, kw_only=True, dict=True):
     revision: int = 0
 
 
+class Session(msgspec.Struct, kw_only=True):
+    """An interactive session: an allocation whose user works in it through a terminal
+    (``lattice session``, then ``lattice attach``). Raft-committed, so its limits hold
+    across API members and restarts (spec: Interactive Sessions)."""
+
+    id: str
+    allocation_id: str
+    tenant: str = ""
+    user: str = ""
+    created_at: float = 0.0
+    ended_at: float | None = None
+    revision: int = 0
+
+
 class AllocationSpec(msgspec.Struct, kw_only=True):
     """What a user asks for. Validated by the API before anything is stored."""
 

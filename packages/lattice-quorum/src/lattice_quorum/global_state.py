@@ -9,7 +9,7 @@ classes.
 from __future__ import annotations
 
 import msgspec
-from lattice_common.types import Allocation, Dag, Node, Tenant, VCluster
+from lattice_common.types import Allocation, Dag, Node, Session, Tenant, VCluster
 
 
 class GlobalState(msgspec.Struct, kw_only=True):
@@ -25,6 +25,7 @@ class GlobalState(msgspec.Struct, kw_only=True):
     )  # request_id -> alloc/group id
     task_groups: dict[str, list[str]] = msgspec.field(default_factory=dict)  # group id -> task ids
     dags: dict[str, Dag] = msgspec.field(default_factory=dict)  # DAG id -> its record
+    sessions: dict[str, Session] = msgspec.field(default_factory=dict)  # session id -> record
     # Allocations submitted alone with dependencies (submit --dependency), by predecessor:
     # the successors to look at when the predecessor ends.
     dependents: dict[str, list[str]] = msgspec.field(default_factory=dict)

@@ -21,7 +21,7 @@ from lattice_common import commands as c
 from lattice_common.errors import LatticeError, ValidationError
 
 from lattice_quorum.global_state import Changes, GlobalState, allocation_id_for
-from lattice_quorum.handlers import allocations, assignment, dags, nodes, tenancy
+from lattice_quorum.handlers import allocations, assignment, dags, nodes, sessions, tenancy
 
 __all__ = ["Changes", "GlobalState", "allocation_id_for", "apply"]
 
@@ -68,6 +68,9 @@ _HANDLERS: dict[type[c.Command], Handler] = {
     # DAGs
     c.SubmitDag: dags.submit_dag,
     c.CancelDag: dags.cancel_dag,
+    # sessions
+    c.CreateSession: sessions.create_session,
+    c.DeleteSession: sessions.delete_session,
     # assignment
     c.AssignNodes: assignment.assign_nodes,
     c.ReleaseNodeClaim: assignment.release_node_claim,

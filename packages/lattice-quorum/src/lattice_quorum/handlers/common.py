@@ -157,7 +157,12 @@ def next_id(state: GlobalState, now: float) -> str:
         state.id_salt = int(now * 1_000_003) & 0xFFFFFFFF
     state.alloc_seq += 1
     alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
-    while alloc_id in state.allocations or alloc_id in state.task_groups or alloc_id in state.dags:
+    while (
+        alloc_id in state.allocations
+        or alloc_id in state.task_groups
+        or alloc_id in state.dags
+        or alloc_id in state.sessions
+    ):
         state.alloc_seq += 1
         alloc_id = allocation_id_for(state.alloc_seq, state.id_salt)
     return alloc_id
