@@ -15,12 +15,14 @@ A dev cluster (LocalCluster: 1 lattice-server, 4 agents, a fresh cluster per run
   Blocked: ``fanout_enqueue_s`` (polled every 10 ms, so it includes up to one poll
   interval and one request). The members are cancelled afterwards (running 1,000
   trivial jobs is not what is measured).
-* ``attach_echo_p50_ms``: null -- interactive attach is not built yet.
+* ``attach_echo_p50_ms``: ``lattice attach``'s keystroke -> echo round trip through the
+  real API (WebSocket) and agent (PTY running ``cat``), median of 200 (``_attach_echo``),
+  on the same cluster after the DAG runs.
 
     uv run python scripts/bench/dag.py [--runs N] [--quick] [--chain N] [--fanout N]
 
 Goals (spec issue): < 50 ms per chain stage; all 1,000 fan-out members enqueued within
-1 s of the root completing.
+1 s of the root completing; attach echo p50 < 20 ms.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _attach_echo import attach_echo_p50
 from _common import dev_cluster, emit, log, median, parser, r, rest_headers, runs_of
 
 AGENTS = 4
@@ -138,6 +141,8 @@ def main() -> None:
             )
             out.update(fanout(cluster, n_fan, Path(cluster.base)))
             log(f"run {run + 1}: fan-out of {n_fan}: enqueued {out['fanout_enqueue_s']:.3f} s")
+            out["attach_echo_p50_ms"] = attach_echo_p50(cluster, samples=50 if args.quick else 200)
+            log(f"run {run + 1}: attach echo p50 {out['attach_echo_p50_ms']:.2f} ms")
             results.append(out)
     emit(
         {
@@ -146,7 +151,7 @@ def main() -> None:
                 median(x["chain_submit_to_last_start_s"] for x in results)
             ),
             "fanout_enqueue_s": r(median(x["fanout_enqueue_s"] for x in results), 3),
-            "attach_echo_p50_ms": None,
+            "attach_echo_p50_ms": r(median(x["attach_echo_p50_ms"] for x in results)),
             "chain_stages": n_chain,
             "fanout_members": n_fan,
             "agents": AGENTS,

@@ -65,7 +65,10 @@ def test_environment_has_lattice_and_slurm_variables() -> None:
     env = environment(alloc, ["n0", "n1", "n2"], "n1", "/submit", Path("/work/a1"))
     assert env["FOO"] == "bar"
     assert env["LATTICE_ALLOC_ID"] == env["SLURM_JOB_ID"] == "a1"  # ours win over the spec's
-    assert env["LATTICE_NODELIST"] == env["SLURM_JOB_NODELIST"] == "n0,n1,n2"
+    assert env["LATTICE_NODELIST"] == "n0,n1,n2"
+    # Slurm's compressed hostlist form, as sbatch jobs see it
+    assert env["SLURM_JOB_NODELIST"] == env["SLURM_NODELIST"] == "n[0-2]"
+    assert env["SLURM_JOBID"] == "a1" and env["SLURM_JOB_NUM_NODES"] == "3"
     assert env["LATTICE_NNODES"] == env["SLURM_NNODES"] == "3"
     assert env["LATTICE_JOB_NAME"] == env["SLURM_JOB_NAME"] == "run"
     assert env["LATTICE_SUBMIT_DIR"] == env["SLURM_SUBMIT_DIR"] == "/submit"
@@ -73,6 +76,30 @@ def test_environment_has_lattice_and_slurm_variables() -> None:
     assert env["LATTICE_NODE_ID"] == "n1"
     assert env["SLURM_NODEID"] == "1"
     assert "SLURM_NODEID" not in environment(alloc, ["n0"], "n9", "/s", Path("/w"))
+
+
+def test_slurm_task_variables_come_from_the_sbatch_tags() -> None:
+    alloc = make_alloc("a2", "run")
+    alloc.spec.tags.update({"ntasks": "8", "ntasks_per_node": "4", "cpus_per_task": "16"})
+    nodes = ["nid001", "nid002", "nid004"]
+    env = environment(alloc, nodes, "nid002", "/s", Path("/w"))
+    assert env["SLURM_NODELIST"] == "nid[001-002,004]"
+    assert env["SLURM_NTASKS"] == env["SLURM_NPROCS"] == env["LATTICE_NPROCS"] == "8"
+    assert env["SLURM_NTASKS_PER_NODE"] == "4"
+    assert env["SLURM_CPUS_PER_TASK"] == "16"
+    plain = environment(make_alloc("a3", "run"), nodes, "nid002", "/s", Path("/w"))
+    assert "SLURM_NTASKS" not in plain and "SLURM_CPUS_PER_TASK" not in plain
+
+
+def test_slurm_variables_only_with_compat_slurm_env() -> None:
+    alloc = make_alloc("a4", "run", env={"SLURM_ARRAY_TASK_ID": "3"})
+    alloc.spec.tags["ntasks"] = "2"
+    env = environment(alloc, ["n0", "n1"], "n0", "/s", Path("/w"), slurm_env=False)
+    assert env["LATTICE_ALLOC_ID"] == "a4" and env["LATTICE_NPROCS"] == "2"
+    ours = {k for k in env if k.startswith("SLURM_")} - {
+        k for k in os.environ if k.startswith("SLURM_")
+    }
+    assert ours == {"SLURM_ARRAY_TASK_ID"}  # the task group's own env is the spec's
 
 
 def test_read_exit_file(tmp_path: Path) -> None:

@@ -58,10 +58,22 @@ def check_dag_cancel(who: Identity, d: Dag) -> None:
         )
 
 
+def sees_others_sessions(who: Identity) -> bool:
+    """System and tenant admins may read and end anyone's session; users their own."""
+    return who.role in _CANCEL_OTHERS
+
+
 def releases_any_claim(who: Identity) -> bool:
     """A system admin may end any user's sensitive claim; others only their own (the
     state machine checks the claimant)."""
     return who.role == Role.SYSTEM_ADMIN
 
 
-__all__ = ["check_cancel", "check_dag_cancel", "listing_user", "releases_any_claim", "usage_user"]
+__all__ = [
+    "check_cancel",
+    "check_dag_cancel",
+    "listing_user",
+    "releases_any_claim",
+    "sees_others_sessions",
+    "usage_user",
+]

@@ -13,11 +13,13 @@ from lattice_api.fabric import FabricManager
 from lattice_api.node_monitor import NodeMonitor
 from lattice_api.ops.admin import AdminOps
 from lattice_api.ops.allocations import AllocationOps, LogSource
+from lattice_api.ops.attach import AttachOps
 from lattice_api.ops.dags import DagOps
 from lattice_api.ops.launches import LaunchOps
 from lattice_api.ops.nodes import NodeOps
 from lattice_api.ops.queue import QueueOps
 from lattice_api.ops.quorum import QuorumOps
+from lattice_api.ops.sessions import SessionOps
 from lattice_api.ops.usage import UsageOps
 from lattice_api.settings import ApiSettings
 
@@ -41,7 +43,9 @@ class Operations:
         self.queue = QueueOps(quorum, budget_period_days=settings.budget_period_days)
         self.allocations = AllocationOps(quorum, logs, self.queue)
         self.dags = DagOps(quorum, self.allocations, max_size=settings.max_dag_size)
+        self.sessions = SessionOps(quorum, self.allocations)
         self.launches = LaunchOps(quorum, agents or AgentChannels(), fabric=fabric)
+        self.attach = AttachOps(quorum, self.launches.agents)
         self.nodes = NodeOps(quorum, monitor, api_addresses=settings.api_addresses)
         self.admin = AdminOps(
             quorum,

@@ -34,6 +34,7 @@ ROLES: dict[str, frozenset[Role]] = {
     "allocation.submit": _WRITE_OWN,
     "allocation.cancel": _WRITE_OWN,
     "allocation.launch": _WRITE_OWN,
+    "allocation.attach": _WRITE_OWN,  # the owner only (sensitive: the claiming user)
     "allocation.list_all": frozenset(
         {Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.READ_ONLY}
     ),
@@ -62,7 +63,7 @@ RPCS: dict[str, str] = {
     "AllocationService.Checkpoint": NOT_BUILT,
     "AllocationService.LaunchTasks": "allocation.launch",
     "AllocationService.WatchLaunch": "allocation.read",
-    "AllocationService.Attach": NOT_BUILT,
+    "AllocationService.Attach": "allocation.attach",
     "AllocationService.StreamLogs": "allocation.read",
     "AllocationService.GetLogs": "allocation.read",
     "AllocationService.QueryMetrics": NOT_BUILT,
@@ -72,9 +73,9 @@ RPCS: dict[str, str] = {
     "AllocationService.GetDag": "allocation.read",
     "AllocationService.ListDags": "allocation.read",
     "AllocationService.CancelDag": "allocation.cancel",
-    "AllocationService.CreateSession": NOT_BUILT,
-    "AllocationService.GetSession": NOT_BUILT,
-    "AllocationService.DeleteSession": NOT_BUILT,
+    "AllocationService.CreateSession": "allocation.submit",
+    "AllocationService.GetSession": "allocation.read",
+    "AllocationService.DeleteSession": "allocation.cancel",
     "NodeService.ListNodes": "node.read",
     "NodeService.GetNode": "node.read",
     "NodeService.DrainNode": "node.admin",
@@ -124,8 +125,13 @@ ROUTES: dict[str, str] = {
     "GET /api/v1/allocations/{id}": "allocation.read",
     "DELETE /api/v1/allocations/{id}": "allocation.cancel",
     "GET /api/v1/allocations/{id}/watch": "allocation.read",
+    "POST /api/v1/sessions": "allocation.submit",
+    "GET /api/v1/sessions": "allocation.read",
+    "GET /api/v1/sessions/{id}": "allocation.read",
+    "DELETE /api/v1/sessions/{id}": "allocation.cancel",
     "GET /api/v1/allocations/{id}/logs": "allocation.read",
     "POST /api/v1/allocations/{id}/tasks": "allocation.launch",
+    "GET /api/v1/allocations/{id}/attach": "allocation.attach",  # WebSocket
     "GET /api/v1/allocations/{id}/tasks/{task_id}/events": "allocation.read",
     "GET /api/v1/allocations/{id}/logs/stream": "allocation.read",
     # DAG workflows: submitting one is submitting its allocations; cancelling one, its

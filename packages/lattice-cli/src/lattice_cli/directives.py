@@ -8,6 +8,10 @@ directives, which are translated with the specification's directive mapping::
     --gres=gpu[:type]:N -> gpu_count (and gpu_type)          --qos/-q -> preemption class
     --ntasks + --ntasks-per-node -> nodes = ceil(ntasks / per node)
     --mem -> memory_gb constraint   --requeue/--no-requeue -> requeue policy
+    --array -> task group           --dependency/-d -> depends_on
+    --cpus-per-task/-c, --ntasks -> tags      --export -> env (named variables)
+    --output/-o, --error/-e -> tags slurm_output/slurm_error (a warning: the log store)
+    --mail-type/--mail-user and the options in SBATCH_UNSUPPORTED -> warnings
 
 As with sbatch, directives are read from the top of the script up to the first line that
 is neither blank nor a comment. ``#LATTICE`` directives win over ``#SBATCH`` ones, and
@@ -160,8 +164,112 @@ _SBATCH_OPTS: dict[str, str] = {
     "-a": "array",
     "--dependency": "dependency",
     "-d": "dependency",
+    "--cpus-per-task": "cpus_per_task",
+    "-c": "cpus_per_task",
+    "--export": "export",
+    "--mail-type": "mail",
+    "--mail-user": "mail",
 }
 _SBATCH_FLAGS = {"--requeue", "--no-requeue", "--exclusive"}
+
+# sbatch options Lattice knows but does not translate: option -> (takes a value, why).
+# Each one is a warning (never silent, never an error: scripts must keep working).
+SBATCH_UNSUPPORTED: dict[str, tuple[bool, str]] = {
+    **{
+        o: (True, "Lattice allocates whole nodes")
+        for o in (
+            "--mem-per-cpu",
+            "--mem-per-gpu",
+            "--cpus-per-gpu",
+            "--ntasks-per-core",
+            "--ntasks-per-socket",
+            "--ntasks-per-gpu",
+            "--threads-per-core",
+            "--cores-per-socket",
+            "--sockets-per-node",
+            "--hint",
+            "--tmp",
+            "--distribution",
+            "-m",
+            "--gpus",
+            "-G",
+            "--gpus-per-task",
+            "--gpus-per-socket",
+            "--cpu-freq",
+            "--gpu-bind",
+            "--mem-bind",
+        )
+    },
+    **{
+        o: (True, "Lattice places nodes itself (topology-aware)")
+        for o in ("--nodelist", "-w", "--exclude", "-x", "--switches", "--nodefile", "-F")
+    },
+    **{
+        o: (True, "no Lattice equivalent")
+        for o in (
+            "--begin",
+            "-b",
+            "--deadline",
+            "--signal",
+            "--comment",
+            "--reservation",
+            "--licenses",
+            "-L",
+            "--clusters",
+            "--cluster",
+            "-M",
+            "--wckey",
+            "--priority",
+            "--nice",
+            "--input",
+            "-i",
+            "--open-mode",
+            "--propagate",
+            "--profile",
+            "--acctg-freq",
+            "--time-min",
+            "--kill-on-invalid-dep",
+            "--mcs-label",
+            "--power",
+            "--container",
+            "--uid",
+            "--gid",
+            "--core-spec",
+            "-S",
+            "--thread-spec",
+            "--network",
+            "--burst-buffer",
+            "--bb",
+            "--bbf",
+        )
+    },
+    **{
+        o: (False, "no Lattice equivalent")
+        for o in (
+            "--hold",
+            "-H",
+            "--overcommit",
+            "-O",
+            "--contiguous",
+            "--spread-job",
+            "--no-kill",
+            "-k",
+            "--oversubscribe",
+            "-s",
+            "--use-min-nodes",
+            "--ignore-pbs",
+            "--reboot",
+            "--get-user-env",
+            "--quiet",
+            "-Q",
+            "--verbose",
+            "-v",
+            "--wait",
+            "-W",
+            "--requeue-exit",
+        )
+    },
+}
 
 
 def _apply_lattice(opts: SubmitOptions, option: str, value: str | None, line: int) -> None:
@@ -198,25 +306,30 @@ def _apply_lattice(opts: SubmitOptions, option: str, value: str | None, line: in
         raise
 
 
-class _SlurmTasks:
+class SlurmTasks:
+    """``--ntasks`` and ``--ntasks-per-node`` as given (nodes are derived at the end)."""
+
     def __init__(self) -> None:
         self.ntasks: int | None = None
         self.per_node: int | None = None
 
 
-def _apply_sbatch(
+def apply_sbatch(
     opts: SubmitOptions,
-    tasks: _SlurmTasks,
+    tasks: SlurmTasks,
     option: str,
     value: str | None,
-    line: int,
+    line: int | None,
     partition_map: dict[str, str],
     qos_map: dict[str, int],
+    environ: dict[str, str] | None = None,
 ) -> None:
     setting = _SBATCH_OPTS.get(option)
-    where = f"line {line}: #SBATCH {option}"
+    where = f"line {line}: #SBATCH {option}" if line else f"sbatch {option}"
     if setting is None:
-        opts.warnings.append(f"{where} is not supported by Lattice and was ignored")
+        known = SBATCH_UNSUPPORTED.get(option)
+        why = f" ({known[1]})" if known else ""
+        opts.warnings.append(f"{where} is not supported by Lattice and was ignored{why}")
         return
     if setting in ("exclusive",):
         return  # Lattice always allocates full nodes
@@ -230,7 +343,9 @@ def _apply_sbatch(
         opts.warnings.append(f"{where} has no value and was ignored")
         return
     try:
-        _apply_sbatch_value(opts, tasks, setting, option, value, where, partition_map, qos_map)
+        _apply_sbatch_value(
+            opts, tasks, setting, option, value, where, partition_map, qos_map, environ or {}
+        )
     except DirectiveError as exc:
         if exc.line is None:
             raise DirectiveError(exc.message, line=line, hint=exc.hint) from None
@@ -239,13 +354,14 @@ def _apply_sbatch(
 
 def _apply_sbatch_value(
     opts: SubmitOptions,
-    tasks: _SlurmTasks,
+    tasks: SlurmTasks,
     setting: str,
     option: str,
     value: str,
     where: str,
     partition_map: dict[str, str],
     qos_map: dict[str, int],
+    environ: dict[str, str],
 ) -> None:
     if setting == "nodes":
         low, sep, _high = value.partition("-")
@@ -276,8 +392,11 @@ def _apply_sbatch_value(
     elif setting == "gres":
         gres, warnings = parse_gres(value)
         opts.constraints = merge_constraints(opts.constraints, gres)
-        prefix = where.split(":", 1)[0]  # "line N"
-        opts.warnings.extend(f"{prefix}: {w}" for w in warnings)
+        if where.startswith("line "):
+            prefix = where.split(":", 1)[0]  # "line N"
+            opts.warnings.extend(f"{prefix}: {w}" for w in warnings)
+        else:
+            opts.warnings.extend(w.replace("#SBATCH", "sbatch") for w in warnings)
     elif setting == "gpus_per_node":
         kind, _, count = value.rpartition(":")
         gpus: dict[str, Any] = {"gpu_count": parse_positive_int(count, "gpus per node", minimum=0)}
@@ -308,14 +427,54 @@ def _apply_sbatch_value(
     elif setting == "submit_dir":
         opts.submit_dir = text_value(value, option)
     elif setting == "output":
+        tag = "slurm_error" if option in ("--error", "-e") else "slurm_output"
+        if "slurm_output" not in opts.tags and "slurm_error" not in opts.tags:
+            opts.warnings.append(
+                f"{where}={value}: output always goes to the log store, not to this file;"
+                " read it with `lattice logs ID` (the pattern is kept in the job's tags)"
+            )
+        opts.tags[tag] = text_value(value, option)
+    elif setting == "cpus_per_task":
+        opts.tags["cpus_per_task"] = str(parse_positive_int(value, "cpus per task"))
+    elif setting == "mail":
         opts.warnings.append(
-            f"{where} ignored: output always goes to the log store; read it with `lattice logs ID`"
+            f"{where}={value} ignored: Lattice sends no mail; follow the job with"
+            " `lattice status ID --watch`"
         )
+    elif setting == "export":
+        _apply_export(opts, value, where, environ)
     elif setting == "array":
         opts.task_group = task_group_of_array(value, option)
     elif setting == "dependency":
         check_dependency(value, option)
         opts.dependency = value
+
+
+def _apply_export(opts: SubmitOptions, value: str, where: str, environ: dict[str, str]) -> None:
+    """sbatch ``--export=[ALL|NONE|NIL,]VAR[=VALUE],...``: named variables go into the job's
+    env (a bare name takes its value from the submitting environment). Lattice jobs never
+    inherit the submitting environment, so ALL/NONE/NIL are kept as a warning."""
+    keywords = []
+    for raw in str(value).split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        if item.upper() in ("ALL", "NONE", "NIL"):
+            keywords.append(item.upper())
+            continue
+        if "=" in item:
+            key, val = parse_env_item(item)
+            opts.env[key] = val
+        elif item in environ:
+            opts.env[parse_env_item(f"{item}=")[0]] = environ[item]
+        else:
+            opts.warnings.append(f"{where}: {item} is not set here and was not exported")
+    if keywords:
+        opts.warnings.append(
+            f"{where}={value}: Lattice jobs do not inherit the submitting environment"
+            " (they start from the node's); only variables named here or given with"
+            " --env are passed"
+        )
 
 
 def task_group_of_array(value: str, option: str) -> str:
@@ -368,6 +527,7 @@ def parse_script(
     *,
     partition_map: dict[str, str] | None = None,
     qos_map: dict[str, int] | None = None,
+    environ: dict[str, str] | None = None,
 ) -> SubmitOptions:
     """The options a script's ``#LATTICE`` and ``#SBATCH`` directives ask for.
 
@@ -378,7 +538,7 @@ def parse_script(
     qos = {**DEFAULT_QOS_MAP, **(qos_map or {})}
     sbatch = SubmitOptions()
     native = SubmitOptions()
-    tasks = _SlurmTasks()
+    tasks = SlurmTasks()
     for number, kind, rest in iter_directives(text):
         try:
             tokens = shlex.split(rest, comments=True)
@@ -394,23 +554,34 @@ def parse_script(
                     )
                 _apply_lattice(native, option, value, number)
         else:
-            takes = set(_SBATCH_OPTS) - _SBATCH_FLAGS
-            for option, value, stray in _split_options(tokens, takes, _SBATCH_FLAGS):
+            for option, value, stray in _split_options(tokens, SBATCH_TAKES, SBATCH_FLAGS):
                 if stray is not None:
                     sbatch.warnings.append(
                         f"line {number}: unexpected #SBATCH argument {stray!r} ignored"
                     )
                     continue
-                _apply_sbatch(sbatch, tasks, option, value, number, partitions, qos)
-    if tasks.ntasks is not None and sbatch.nodes is None:
+                apply_sbatch(sbatch, tasks, option, value, number, partitions, qos, environ)
+    finish_tasks(sbatch, tasks, "#SBATCH")
+    return merge(sbatch, native)
+
+
+def finish_tasks(opts: SubmitOptions, tasks: SlurmTasks, source: str) -> None:
+    """``--ntasks`` without ``--nodes``: nodes = ceil(ntasks / ntasks-per-node)."""
+    if tasks.ntasks is not None and opts.nodes is None:
         if tasks.per_node:
-            sbatch.nodes = max(1, math.ceil(tasks.ntasks / tasks.per_node))
+            opts.nodes = max(1, math.ceil(tasks.ntasks / tasks.per_node))
         else:
-            sbatch.warnings.append(
-                f"#SBATCH --ntasks={tasks.ntasks} without --nodes or --ntasks-per-node:"
+            opts.warnings.append(
+                f"{source} --ntasks={tasks.ntasks} without --nodes or --ntasks-per-node:"
                 " Lattice allocates whole nodes, so 1 node is requested; set --nodes"
             )
-    return merge(sbatch, native)
+
+
+# Value-taking and flag sbatch options (translated or not), for argv-style parsing.
+SBATCH_FLAGS = _SBATCH_FLAGS | {o for o, (takes, _) in SBATCH_UNSUPPORTED.items() if not takes}
+SBATCH_TAKES = (set(_SBATCH_OPTS) - _SBATCH_FLAGS) | {
+    o for o, (takes, _) in SBATCH_UNSUPPORTED.items() if takes
+}
 
 
 def shebang_command(text: str) -> list[str]:

@@ -25,7 +25,8 @@ _fastparams.install()  # plain option conversion without importing pydantic (see
 _HELP = """Lattice: submit and manage workloads on a Lattice HPC/AI cluster.
 
 Slurm users: `sbatch` -> `lattice submit`, `squeue` -> `lattice status`,
-`scancel` -> `lattice cancel`, `sinfo` -> `lattice nodes`.
+`scancel` -> `lattice cancel`, `sinfo` -> `lattice nodes`. The Slurm names work too,
+with Slurm's flags (`lattice sbatch`, `lattice squeue`, ...): `eval "$(lattice compat-aliases)"`.
 """
 
 # Command word -> the module whose register(app) adds it; in the order of the root help.
@@ -36,12 +37,24 @@ COMMANDS: dict[str, str] = {
     "cancel": "lattice_cli.commands.cancel",
     "logs": "lattice_cli.commands.logs",
     "launch": "lattice_cli.commands.launch",
+    "attach": "lattice_cli.commands.attach",
+    "session": "lattice_cli.commands.session",
     "dag": "lattice_cli.commands.dag",
     "nodes": "lattice_cli.commands.nodes",
     "usage": "lattice_cli.commands.usage",
     "node": "lattice_cli.commands.node",
     "admin": "lattice_cli.commands.admin",
     "dev": "lattice_cli.commands.dev",
+    "history": "lattice_cli.commands.history",
+    # Slurm's own command names, with Slurm's flags (see the README's "Slurm compatibility")
+    "sbatch": "lattice_cli.commands.sbatch",
+    "squeue": "lattice_cli.commands.squeue",
+    "scancel": "lattice_cli.commands.scancel",
+    "sinfo": "lattice_cli.commands.sinfo",
+    "sacct": "lattice_cli.commands.sacct",
+    "srun": "lattice_cli.commands.srun",
+    "salloc": "lattice_cli.commands.salloc",
+    "compat-aliases": "lattice_cli.commands.compat_aliases",
 }
 
 app = typer.Typer(

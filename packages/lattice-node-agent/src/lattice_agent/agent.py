@@ -25,6 +25,7 @@ from lattice_common.types import Allocation, AllocationReport, Node, NodeCapabil
 from lattice_common.wire import from_message, to_message
 from prometheus_client import Histogram
 
+from lattice_agent.attach import AttachManager
 from lattice_agent.hydra import HydraSockets
 from lattice_agent.pmi.fence import FenceRegistry
 from lattice_agent.pmi.launches import LaunchManager
@@ -100,6 +101,7 @@ class Agent:
             walltime_grace_seconds=walltime_grace,
             ring_buffer_lines=ring_buffer_lines,
             on_change=self._on_runtime_change,
+            slurm_env=slurm_env,
         )
         #: the allocations the desired state assigns to this node, by id
         self.assigned: dict[str, Allocation] = {}
@@ -125,6 +127,10 @@ class Agent:
             address_of=self._agent_address,
             allocation=self.assigned.get,
         )
+        # interactive terminals (lattice attach) in the allocations of this node
+        self.attaches = AttachManager(
+            node_id, allocation=self.assigned.get, work_dir=work_dir, log_dir=log_dir
+        )
         self.attempts: dict[str, int] = {}
         self.generation = 0
         self.sequence = 0
@@ -149,6 +155,7 @@ class Agent:
                     self.log_dir,
                     fences=self.fences,
                     launches=self.launches,
+                    attaches=self.attaches,
                 )
             ]
         )
@@ -171,6 +178,7 @@ class Agent:
             await asyncio.gather(*tasks, return_exceptions=True)
             self._server.close()
             await self.hydra.close()
+            await self.attaches.close()
             await self.launches.close()  # ranks cannot outlive their PMI server
             await self.runtime.close()  # workloads keep running (KillMode=process)
             self.endpoints.close()
@@ -317,6 +325,7 @@ class Agent:
         self.assigned.clear()
         self.assigned.update((a.id, a) for a in desired)
         self.launches.end_allocations(set(self.assigned))
+        self.attaches.end_allocations(set(self.assigned))
         await self.hydra.sync(self.assigned)
         actions = reconcile(self.node_id, desired, self.runtime.reports(), self.attempts)
         for act in actions:

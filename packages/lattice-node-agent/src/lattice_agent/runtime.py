@@ -86,8 +86,10 @@ class ProcessRuntime:
         on_change: Callable[[AllocationReport], None] | None = None,
         clock: Callable[[], float] = time.time,
         subreaper: bool = True,
+        slurm_env: bool = True,
     ) -> None:
         self._node_id = node_id
+        self._slurm_env = slurm_env  # compat.slurm_env: SLURM_* variables in allocations
         self._work_dir = Path(work_dir).absolute()
         self._log_dir = Path(log_dir).absolute()
         self._state = StateFile(Path(state_file).absolute(), node_id=node_id, clock=clock)
@@ -325,7 +327,7 @@ class ProcessRuntime:
         rec.launch = None
         nodes = nodelist or list(alloc.assigned_nodes) or [self._node_id]
         try:
-            launched = spawn(alloc, nodes, self._node_id, rec.paths)
+            launched = spawn(alloc, nodes, self._node_id, rec.paths, slurm_env=self._slurm_env)
         except (OSError, ValueError) as e:
             log.error("could not start allocation %s: %s", alloc.id, e)
             rec.done.set()

@@ -2,8 +2,9 @@
 
 LaunchProcesses, WatchLaunch and Abort go to the agent's ``LaunchManager``
 (``pmi.launches``); PmiFence serves the cross-node fences this agent collects
-(``pmi.fence``). The RPCs of the contract that later work builds (attach, desired
-state pushes) answer UNIMPLEMENTED naming the RPC.
+(``pmi.fence``); Attach goes to the agent's ``AttachManager`` (``attach``). The RPCs
+of the contract that later work builds (desired state pushes) answer UNIMPLEMENTED
+naming the RPC.
 
 When an agent token is configured every call must carry it (``Authorization:
 Bearer``): these RPCs start processes inside allocations.
@@ -23,6 +24,7 @@ from lattice_common.errors import LatticeError, Unauthenticated
 from lattice_common.proto.lattice import v1
 from lattice_common.rpc import grpc_error
 
+from lattice_agent.attach import AttachManager
 from lattice_agent.pmi.fence import (
     DuplicateContribution,
     EpochMismatch,
@@ -45,6 +47,7 @@ class NodeAgentService(v1.NodeAgentServiceBase):
         log_dir: Path,
         fences: FenceRegistry | None = None,
         launches: LaunchManager | None = None,
+        attaches: AttachManager | None = None,
     ) -> None:
         self.node_id = node_id
         self.runtime = runtime
@@ -52,6 +55,7 @@ class NodeAgentService(v1.NodeAgentServiceBase):
         #: the cross-node PMI fences this agent collects
         self.fences = fences if fences is not None else FenceRegistry()
         self.launches = launches
+        self.attaches = attaches
         self._last_fence: tuple[dict[str, str], bytes] | None = None
 
     async def stream_logs(self, message: v1.LogRequest) -> AsyncIterator[v1.LogLine]:
@@ -81,6 +85,18 @@ class NodeAgentService(v1.NodeAgentServiceBase):
             "NodeAgentService.SyncDesiredState is not implemented yet: agents pull desired "
             "state with NodeService.WatchDesiredState",
         )
+
+    async def attach(
+        self, messages: AsyncIterator[v1.AttachInput]
+    ) -> AsyncIterator[v1.AttachOutput]:
+        """A terminal in an allocation on this node (``attach.AttachManager``)."""
+        if self.attaches is None:
+            raise grpclib.GRPCError(Status.UNIMPLEMENTED, f"node {self.node_id} serves no attach")
+        try:
+            async for out in self.attaches.serve(messages):
+                yield out
+        except LatticeError as e:
+            raise grpc_error(e) from None
 
     def _manager(self) -> LaunchManager:
         if self.launches is None:

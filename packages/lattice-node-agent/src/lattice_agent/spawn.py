@@ -139,7 +139,13 @@ def mpi_launcher() -> str:
 
 
 def environment(
-    alloc: Allocation, nodes: list[str], node_id: str, submit_dir: str, alloc_dir: Path
+    alloc: Allocation,
+    nodes: list[str],
+    node_id: str,
+    submit_dir: str,
+    alloc_dir: Path,
+    *,
+    slurm_env: bool = True,
 ) -> dict[str, str]:
     """The agent's environment, then Hydra's, the spec's, LATTICE_* and their SLURM_* twins.
 
@@ -148,6 +154,14 @@ def environment(
     allocation's nodes in ``HYDRA_HOST_FILE`` and ``LATTICE_AGENT_SOCKET``, the
     allocation's own agent socket the launcher talks to (both files are made by
     ``lattice_agent.hydra``). The spec's env may override the HYDRA_* ones.
+
+    With ``slurm_env`` (config ``compat.slurm_env``) the SLURM_* twins are set too:
+    SLURM_JOB_ID/SLURM_JOBID, SLURM_JOB_NAME, SLURM_SUBMIT_DIR, SLURM_NNODES/
+    SLURM_JOB_NUM_NODES, SLURM_NODELIST/SLURM_JOB_NODELIST in Slurm's compressed hostlist
+    form (``nid[001-004]``), SLURM_NODEID, and from the spec's tags (``lattice sbatch``
+    records them) SLURM_NTASKS/SLURM_NPROCS, SLURM_NTASKS_PER_NODE and
+    SLURM_CPUS_PER_TASK. SLURM_ARRAY_TASK_ID/SLURM_ARRAY_JOB_ID come with a task group's
+    env (set by the quorum with LATTICE_TASK_INDEX).
     """
     env = dict(os.environ)
     launcher = mpi_launcher()
@@ -172,15 +186,41 @@ def environment(
             "LATTICE_NODE_ID": node_id,
             "LATTICE_WORK_DIR": str(alloc_dir),
             "LATTICE_AGENT_SOCKET": str(alloc_dir / AGENT_SOCKET),
+        }
+    )
+    tags = alloc.spec.tags
+    if tags.get("ntasks", "").isdigit():
+        env["LATTICE_NPROCS"] = tags["ntasks"]
+    if not slurm_env:
+        return env
+    from lattice_common.slurm import slurm_env_nodelist
+
+    try:
+        hostlist = slurm_env_nodelist(nodes)
+    except ValueError:  # a node name Slurm's syntax cannot carry: keep the plain list
+        hostlist = nodelist
+    env.update(
+        {
             "SLURM_JOB_ID": alloc.id,
-            "SLURM_JOB_NODELIST": nodelist,
+            "SLURM_JOBID": alloc.id,
+            "SLURM_JOB_NODELIST": hostlist,
+            "SLURM_NODELIST": hostlist,
             "SLURM_NNODES": str(len(nodes)),
+            "SLURM_JOB_NUM_NODES": str(len(nodes)),
             "SLURM_JOB_NAME": name,
             "SLURM_SUBMIT_DIR": submit_dir,
         }
     )
     if node_id in nodes:
         env["SLURM_NODEID"] = str(nodes.index(node_id))
+    for tag, names in (
+        ("ntasks", ("SLURM_NTASKS", "SLURM_NPROCS")),
+        ("ntasks_per_node", ("SLURM_NTASKS_PER_NODE",)),
+        ("cpus_per_task", ("SLURM_CPUS_PER_TASK",)),
+    ):
+        value = tags.get(tag, "")
+        if value.isdigit():
+            env.update(dict.fromkeys(names, value))
     return env
 
 
@@ -206,7 +246,14 @@ def _high_fd(fd: int) -> int:
         os.close(fd)
 
 
-def spawn(alloc: Allocation, nodes: list[str], node_id: str, paths: AllocPaths) -> Launched:
+def spawn(
+    alloc: Allocation,
+    nodes: list[str],
+    node_id: str,
+    paths: AllocPaths,
+    *,
+    slurm_env: bool = True,
+) -> Launched:
     """Start ``alloc``'s wrapper in a new session. Raises OSError/ValueError when it cannot."""
     spec = alloc.spec
     out_fd = err_fd = -1
@@ -217,7 +264,9 @@ def spawn(alloc: Allocation, nodes: list[str], node_id: str, paths: AllocPaths) 
         submit_dir = spec.submit_dir
         cwd = submit_dir if submit_dir and os.path.isdir(submit_dir) else str(paths.work_dir)
         cwd = os.path.abspath(cwd)
-        env = environment(alloc, nodes, node_id, submit_dir or cwd, paths.work_dir)
+        env = environment(
+            alloc, nodes, node_id, submit_dir or cwd, paths.work_dir, slurm_env=slurm_env
+        )
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         out_fd = _high_fd(os.open(paths.stdout, flags, 0o640))
         err_fd = _high_fd(os.open(paths.stderr, flags, 0o640))

@@ -20,6 +20,7 @@ from lattice_common.types import (
     Dag,
     Node,
     NodeState,
+    Session,
     Tenant,
     VCluster,
 )
@@ -335,3 +336,25 @@ __all__ = [
     "vcluster",
     "vclusters",
 ]
+
+
+# --- sessions -------------------------------------------------------------------------------
+
+
+def session_view(s: GlobalState, session_id: str) -> tuple[Session, Allocation | None] | None:
+    """A session (a copy) with its allocation (a copy), or None."""
+    sess = s.sessions.get(session_id)
+    if sess is None:
+        return None
+    a = s.allocations.get(sess.allocation_id)
+    return _copy(sess), None if a is None else _copy(a)
+
+
+def user_sessions(s: GlobalState, user: str | None) -> list[tuple[Session, Allocation | None]]:
+    """Sessions (of ``user``; all when None), newest first, with their allocations."""
+    out = []
+    for sess in sorted(s.sessions.values(), key=lambda x: (-x.created_at, x.id)):
+        if user is None or sess.user == user:
+            a = s.allocations.get(sess.allocation_id)
+            out.append((_copy(sess), None if a is None else _copy(a)))
+    return out

@@ -350,6 +350,40 @@ class LatticeClient:
             _raise_inline_error(item)
             yield item
 
+    async def attach(
+        self,
+        alloc_id: str,
+        node: str | None = None,
+        command: list[str] | str | None = None,
+        tty: bool = True,
+        *,
+        rows: int = 0,
+        cols: int = 0,
+    ) -> Any:
+        """A terminal in a Running allocation of yours (``srun --pty``): an open
+        :class:`lattice_sdk.attach.AttachSession` (``send``, ``resize``, ``signal``,
+        ``close_stdin``, ``async for`` output chunks, ``exit_code``, ``close``).
+
+        ``node``: one of its nodes (default the first); ``command``: argv (a string is
+        run by ``/bin/sh -c``), default the user's login shell; ``tty``: a PTY (else
+        pipes, stderr chunks as ``Stderr``). Refusals raise the typed errors (403 not
+        yours, 409 not Running, 429 ``maximum concurrent sessions reached (5/5)``)."""
+        from lattice_sdk.attach import AttachSession
+
+        if isinstance(command, str):
+            command = ["/bin/sh", "-c", command]
+        params: list[tuple[str, Any]] = [("tty", "true" if tty else "false")]
+        if node:
+            params.append(("node", node))
+        params += [("command", c) for c in command or []]
+        if rows and cols:
+            params += [("rows", int(rows)), ("cols", int(cols))]
+        target = f"{API}/allocations/{_seg(alloc_id)}/attach?{urlencode(params)}"
+        headers = {k: v for k, v in self.headers.items() if k != "Accept"}
+        return await AttachSession.open(
+            self.endpoint, target, headers, ssl=self.ssl_context, timeout=self.timeout
+        )
+
     # ------------------------------------------------------------------ DAG workflows
 
     async def submit_dag(
@@ -411,6 +445,34 @@ class LatticeClient:
         """Cancel every member of a DAG that has not ended. Returns ``{"dag",
         "cancelled_allocation_ids"}``."""
         return await self._call("DELETE", f"/dags/{_seg(dag_id)}", params={"reason": reason})
+
+    # ------------------------------------------------------------------ sessions
+
+    async def create_session(
+        self, spec: AllocationSpec | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """An interactive session: an allocation (``spec``, or fields such as nodes,
+        walltime, vcluster, constraints; entrypoint and walltime have server defaults)
+        that you work in with :meth:`attach`. Returns the session (id, allocation_id,
+        state, nodes)."""
+        body = spec.to_dict() if spec is not None else {}
+        if spec is not None and not spec.entrypoint:
+            body.pop("entrypoint", None)
+        body.update({k: v for k, v in fields.items() if v is not None})
+        return await self._call("POST", "/sessions", body=body)
+
+    async def get_session(self, session_id: str) -> dict[str, Any]:
+        return await self._call("GET", f"/sessions/{_seg(session_id)}")
+
+    async def list_sessions(
+        self, *, user: str | None = None, all: bool = False
+    ) -> list[dict[str, Any]]:
+        params = {"user": user, "all": "true" if all else None}
+        return list((await self._call("GET", "/sessions", params=params)).get("sessions", []))
+
+    async def delete_session(self, session_id: str) -> dict[str, Any]:
+        """End a session: its allocation is cancelled."""
+        return await self._call("DELETE", f"/sessions/{_seg(session_id)}")
 
     # ------------------------------------------------------------------ nodes
 

@@ -1,12 +1,15 @@
 """gRPC adapter of AllocationService: proto messages in, AllocationOps (task launches:
-LaunchOps; DAGs: DagOps), proto out."""
+LaunchOps; DAGs: DagOps; attach: AttachOps), proto out."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpclib
+import msgspec
 from grpclib.const import Status
 from lattice_common.errors import ValidationError
 from lattice_common.proto.lattice import v1
@@ -14,8 +17,10 @@ from lattice_common.wire import to_message
 
 from lattice_api.grpc.context import to_body, who
 from lattice_api.ops.allocations import AllocationOps
+from lattice_api.ops.attach import AttachOps
 from lattice_api.ops.dags import DagOps
 from lattice_api.ops.launches import LaunchOps
+from lattice_api.ops.sessions import SessionOps, SessionView
 
 
 def dag_body(spec: v1.DagSpec) -> dict[str, Any]:
@@ -34,10 +39,19 @@ def dag_body(spec: v1.DagSpec) -> dict[str, Any]:
 
 
 class AllocationService(v1.AllocationServiceBase):
-    def __init__(self, ops: AllocationOps, launches: LaunchOps, dags: DagOps) -> None:
+    def __init__(
+        self,
+        ops: AllocationOps,
+        launches: LaunchOps,
+        dags: DagOps,
+        attach: AttachOps | None = None,
+        sessions: SessionOps | None = None,
+    ) -> None:
         self.ops = ops
+        self.sessions = sessions or SessionOps(ops.quorum, ops)
         self.launches = launches
         self.dags = dags
+        self.attaches = attach or AttachOps(launches.quorum, launches.agents)
 
     async def submit(self, message: v1.SubmitRequest) -> v1.SubmitResponse:
         if message.test_only:
@@ -145,6 +159,58 @@ class AllocationService(v1.AllocationServiceBase):
         events = await self.launches.watch(who(), message.allocation_id, message.task_id)
         async for ev in events:
             yield launch_event(ev)
+
+    async def attach(
+        self, messages: AsyncIterator[v1.AttachInput]
+    ) -> AsyncIterator[v1.AttachOutput]:
+        """Proxy to the node's agent (ops.attach): the client's messages after AttachStart
+        go to the agent as they are (keepalives included: the agent times out silence)."""
+        first = await anext(messages, None)
+        if first is None or first.start is None:
+            raise ValidationError("an attach stream starts with AttachStart")
+        st = first.start
+        size = st.size
+        call = await self.attaches.open(
+            who(),
+            st.allocation_id,
+            node_id=st.node_id,
+            command=list(st.command),
+            tty=st.tty,
+            rows=size.rows if size else 0,
+            cols=size.cols if size else 0,
+        )
+
+        async def forward() -> None:
+            async for msg in messages:
+                await call.send(msg)
+            await call.end_input()
+
+        pump = asyncio.create_task(forward(), name="attach-forward")
+        try:
+            yield v1.AttachOutput(stdout=b"")
+            while (out := await call.recv()) is not None:
+                yield out
+        finally:
+            pump.cancel()
+            with contextlib.suppress(BaseException):
+                await pump
+            await call.close()
+
+    async def create_session(self, message: v1.CreateSessionRequest) -> v1.Session:
+        body = to_body(message.spec) if message.spec is not None else {}
+        return _session(await self.sessions.create(who(), body))
+
+    async def get_session(self, message: v1.GetSessionRequest) -> v1.Session:
+        return _session(self.sessions.get(who(), message.id))
+
+    async def delete_session(self, message: v1.DeleteSessionRequest) -> v1.DeleteSessionResponse:
+        return v1.DeleteSessionResponse(
+            session=_session(await self.sessions.delete(who(), message.id))
+        )
+
+
+def _session(view: SessionView) -> v1.Session:
+    return v1.Session(**msgspec.structs.asdict(view))
 
 
 def launch_event(ev: dict) -> v1.LaunchEvent:  # type: ignore[type-arg]

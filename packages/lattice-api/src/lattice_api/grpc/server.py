@@ -97,7 +97,7 @@ for _adapter in ADAPTERS:
 def build_grpc_server(ops: Operations, auth: Authenticator) -> Server:
     server = Server(
         [
-            AllocationService(ops.allocations, ops.launches, ops.dags),
+            AllocationService(ops.allocations, ops.launches, ops.dags, ops.attach, ops.sessions),
             NodeService(ops.nodes),
             AdminService(ops.admin, ops.usage, ops.queue),
             QuorumService(ops.quorum),

@@ -8,14 +8,36 @@ from aiohttp import web
 from lattice_api import http
 from lattice_api.auth import Authenticator
 from lattice_api.operations import Operations
-from lattice_api.rest import admin, allocations, dags, launches, nodes, public, queue, usage
+from lattice_api.rest import (
+    admin,
+    allocations,
+    attach,
+    dags,
+    launches,
+    nodes,
+    public,
+    queue,
+    sessions,
+    usage,
+)
 
 
 def build_rest_app(ops: Operations, auth: Authenticator) -> web.Application:
     app = web.Application(
         middlewares=[http.middleware(auth)], client_max_size=ops.settings.max_request_bytes
     )
-    for routes in (public, allocations, launches, dags, nodes, admin, usage, queue):
+    for routes in (
+        public,
+        allocations,
+        launches,
+        attach,
+        dags,
+        sessions,
+        nodes,
+        admin,
+        usage,
+        queue,
+    ):
         routes.add_routes(app.router, ops)
     return app
 

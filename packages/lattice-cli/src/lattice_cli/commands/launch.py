@@ -7,12 +7,11 @@ ranks write as it comes and exits with the launch's exit status.
 from __future__ import annotations
 
 import os
-import sys
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from lattice_cli.context import OutputOpt, run_api, state_of
+from lattice_cli.context import OutputOpt, state_of
 
 
 def register(app: typer.Typer) -> None:
@@ -91,50 +90,19 @@ def launch(
         raise typer.BadParameter("choose pmi1, pmi2, pmix or none", param_hint="--pmi")
     variables = _env_pairs(env or [])
     wanted = [n for n in (nodes or "").split(",") if n]
-    status = {"code": 1}
+    from lattice_cli.launching import run_launch
 
-    from lattice_cli import output as out
-
-    def show(ev: dict[str, Any]) -> None:
-        kind = ev.get("type")
-        if fmt in ("json", "yaml"):
-            print(out.to_json(ev, compact=True), flush=True)
-        elif kind == "output":
-            line = ev.get("line", "")
-            text = f"[{ev.get('rank')}] {line}" if label else line
-            print(text, file=sys.stderr if ev.get("stream") == "stderr" else sys.stdout, flush=True)
-        elif kind == "start" and st.verbose:
-            print(
-                f"launch {ev['task_id']}: {ev['world_size']} ranks on {', '.join(ev['nodes'])}",
-                file=sys.stderr,
-            )
-        if kind == "done":
-            status["code"] = int(ev.get("exit_status") or 0)
-            if fmt not in ("json", "yaml") and status["code"] != 0:
-                where = ""
-                if ev.get("failed_rank", -1) >= 0:
-                    where = f" at rank {ev['failed_rank']}"
-                if ev.get("failed_node"):
-                    where += f" on node {ev['failed_node']}"
-                print(
-                    f"lattice launch: failed{where} (exit {status['code']}): "
-                    f"{ev.get('reason') or 'a rank failed'}",
-                    file=sys.stderr,
-                )
-
-    async def go(client: Any) -> None:
-        res = await client.launch_tasks(
-            alloc_id,
-            list(command),
-            num_tasks=ntasks,
-            tasks_per_node=tasks_per_node,
-            env=variables,
-            pmi=pmi,
-            nodes=wanted,
-            working_dir=os.path.abspath(chdir or os.getcwd()),
-        )
-        async for ev in client.watch_launch(alloc_id, res["task_id"]):
-            show(ev)
-
-    run_api(st, go)
-    raise typer.Exit(status["code"])
+    code = run_launch(
+        st,
+        alloc_id,
+        list(command),
+        ntasks=ntasks,
+        tasks_per_node=tasks_per_node,
+        env=variables,
+        pmi=pmi,
+        nodes=wanted,
+        chdir=chdir,
+        label=label,
+        fmt=fmt,
+    )
+    raise typer.Exit(code)

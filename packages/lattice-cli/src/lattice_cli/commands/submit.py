@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from lattice_cli.context import OutputOpt, emit, fail, run_api, state_of, warn
+from lattice_cli.context import OutputOpt, emit, fail, state_of
 
 
 def register(app: typer.Typer) -> None:
@@ -193,9 +193,14 @@ def submit(
         if before:
             script = before[0]
             script_args = [*before[1:], *(after or [])]
-            path, text = _read_script(script)
+            from lattice_cli.submitting import read_script
+
+            path, text = read_script(script)
             from_script = directives.parse_script(
-                text, partition_map=cfg.partition_map, qos_map=cfg.qos_map
+                text,
+                partition_map=cfg.partition_map,
+                qos_map=cfg.qos_map,
+                environ=dict(os.environ),
             )
             opts = d.merge(from_script, flags)
             entrypoint = directives.script_entrypoint(path, text, script_args)
@@ -216,33 +221,16 @@ def submit(
     except d.DirectiveError as exc:
         fail(exc.message, hint=exc.hint, code=2)
 
-    for message in opts.warnings:
-        warn(message)
+    from lattice_cli import submitting
+
     task_group = opts.task_group  # --task-group, else #SBATCH --array
-    job_name = opts.name or default_name
-    depends_on = directives.depends_on_of(opts.dependency, job_name) if opts.dependency else []
-
-    from lattice_sdk import AllocationSpec
-
-    spec = AllocationSpec(
-        entrypoint=entrypoint,
-        nodes=opts.nodes or 1,
-        walltime=opts.walltime,
-        tenant=opts.tenant or cfg.tenant,
-        vcluster=opts.vcluster or cfg.vcluster,
-        name=job_name,
-        project=opts.project or "",
-        preemption_class=5 if opts.preemption_class is None else opts.preemption_class,
-        constraints=opts.constraints,
-        env=opts.env,
-        submit_dir=os.path.abspath(opts.submit_dir) if opts.submit_dir else os.getcwd(),
-        uenv=opts.uenv or cfg.uenv,
-        requeue_policy=opts.requeue,
-        max_requeue=opts.max_requeue,
-        tags=opts.tags,
+    spec = submitting.build_spec(
+        state,
+        opts,
+        entrypoint,
+        default_name,
         min_nodes=min_nodes,
         wait_for_capacity=wait_for_capacity,
-        depends_on=depends_on,
     )
     fmt = state.output(output)
     if dry_run:
@@ -251,15 +239,12 @@ def submit(
     if test_only:
         if task_group:
             fail("--test-only takes a single allocation, not a task group", code=2)
-        _test_only(state, fmt, spec)
+        submitting.test_only(state, fmt, spec)
         return
 
-    if task_group:
-
-        async def go_group(client: Any) -> Any:
-            return await client.submit_task_group(spec, task_group)
-
-        group = run_api(state, go_group)
+    kind, result = submitting.send(state, spec, task_group)
+    if kind == "group":
+        group = result
         if fmt in ("json", "yaml"):
             emit(state, fmt, group)
         elif state.quiet:
@@ -268,52 +253,10 @@ def submit(
             limit = f", at most {group['concurrency']} running" if group.get("concurrency") else ""
             print(f"Submitted task group {group['task_group_id']} ({group['tasks']} tasks{limit})")
         return
-
-    async def go(client: Any) -> Any:
-        return await client.submit(spec)
-
-    alloc = run_api(state, go)
+    alloc = result
     if fmt in ("json", "yaml"):
         emit(state, fmt, alloc.raw)
     elif state.quiet:
         print(alloc.id)
     else:
         print(f"Submitted allocation {alloc.id}")
-
-
-def _test_only(state: Any, fmt: str, spec: Any) -> None:
-    import time
-
-    from lattice_cli import output as out
-
-    async def go(client: Any) -> Any:
-        return await client.test_submit(spec)
-
-    est = run_api(state, go)
-    if fmt in ("json", "yaml"):
-        emit(state, fmt, est.raw)
-        return
-    print(out.test_only_text(est.raw, time.time()))
-
-
-def _read_script(script: str) -> tuple[str, str]:
-    path = os.path.abspath(os.path.expanduser(script))
-    if not os.path.isfile(path):
-        fail(
-            f"script {script!r} not found",
-            hint="To run a command rather than a script, put it after `--`: "
-            f"lattice submit -- {script} ...",
-            code=2,
-        )
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        fail(f"cannot read script {script!r}: {exc.strerror or exc}", code=2)
-    if b"\0" in data[:8192]:
-        fail(
-            f"{script!r} is not a text script",
-            hint=f"To run a program, put it after `--`: lattice submit -- {script}",
-            code=2,
-        )
-    return path, data.decode("utf-8", errors="replace")

@@ -286,7 +286,12 @@ class LaunchManager:
         paths = AllocPaths.of(alloc.id, self.work_dir, self.log_dir)
         submit_dir = alloc.spec.submit_dir or str(paths.work_dir)
         env = environment(
-            alloc, list(alloc.assigned_nodes), self.node_id, submit_dir, paths.work_dir
+            alloc,
+            list(alloc.assigned_nodes),
+            self.node_id,
+            submit_dir,
+            paths.work_dir,
+            slurm_env=self.slurm_env,
         )
         nodelist = ",".join(node_ids)
         env.update(

@@ -639,6 +639,20 @@ class AttachInput(betterproto2.Message):
     EOF on input
     """
 
+    signal: "str | None" = betterproto2.field(
+        5, betterproto2.TYPE_STRING, optional=True, group="kind"
+    )
+    """
+    INT | TSTP | QUIT (to the foreground process group) | HUP (the session)
+    """
+
+    keepalive: "bool | None" = betterproto2.field(
+        6, betterproto2.TYPE_BOOL, optional=True, group="kind"
+    )
+    """
+    heartbeat; a stream silent for the keepalive timeout (90 s) is dropped
+    """
+
 
 default_message_pool.register_message("lattice.v1", "AttachInput", AttachInput)
 
@@ -656,7 +670,7 @@ class AttachOutput(betterproto2.Message):
         1, betterproto2.TYPE_BYTES, optional=True, group="kind"
     )
     """
-    output bytes (PTY output when tty)
+    output bytes (PTY output when tty); the first message is an empty stdout once the command runs
     """
 
     stderr: "bytes | None" = betterproto2.field(
