@@ -55,3 +55,34 @@ def test_session_opens_a_shell_in_its_allocation_and_outlives_it(cluster: Cluste
     cluster.wait_state(alloc_id, "Cancelled", timeout=30)
     r = cluster.cli("session", "delete", session_id)
     assert r.returncode == 1 and "already ended" in r.stderr
+
+
+def test_salloc_runs_its_command_in_a_session_and_releases_it(cluster: ClusterHandle) -> None:
+    env = cluster.cli_env()
+    env["SHELL"] = "/bin/sh"
+    child = pexpect.spawn(
+        sys.executable,
+        [
+            "-m",
+            "lattice_cli.main",
+            "salloc",
+            "-N",
+            "1",
+            "-t",
+            "10:00",
+            "sh",
+            "-c",
+            "echo in-$SLURM_JOB_ID; exit 5",
+        ],
+        env=env,
+        dimensions=(24, 80),
+        timeout=30,
+    )
+    child.expect(r"Granted job allocation (\S+)")
+    alloc_id = child.match.group(1).decode()
+    child.expect(f"in-{alloc_id}")
+    child.expect("Relinquishing job allocation")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 5
+    cluster.wait_state(alloc_id, "Cancelled", timeout=30)

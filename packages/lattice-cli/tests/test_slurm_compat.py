@@ -1,6 +1,6 @@
 """The Slurm migration surface: `lattice sbatch` over a corpus of realistic scripts against
 the real API (each stored spec compared field by field with its expected translation),
-squeue/sacct/history formats, scancel, srun/salloc refusals, and `compat-aliases` in bash."""
+squeue/sacct/history formats, scancel, srun refusals, salloc's refusals (salloc itself is a session: test_session_cluster.py), and `compat-aliases` in bash."""
 
 from __future__ import annotations
 
@@ -449,13 +449,15 @@ def test_scancel_and_sinfo(cluster) -> None:
     assert r.stdout.splitlines()[0].split()[:2] == ["nid001", "1"]
 
 
-def test_srun_pty_and_salloc_say_what_to_use(cluster) -> None:
+def test_srun_pty_and_salloc_refusals_say_what_to_use(cluster) -> None:
     r = run("srun", "--pty", "bash")
     assert r.exit_code == 2 and "lattice attach" in r.stderr
     r = run("srun", "--mpi=openmpi", "hostname")
     assert r.exit_code == 2 and "--mpi=openmpi is not supported" in r.stderr
-    r = run("salloc", "-N", "2")
-    assert r.exit_code == 2 and "lattice session" in r.stderr and "--wrap" in r.stderr
+    r = run("salloc", "--array=0-3", "-N", "2")
+    assert r.exit_code == 2 and "salloc takes no --wrap, --array or --dependency" in r.stderr
+    r = run("salloc", "--bogus-flag")
+    assert r.exit_code == 2
 
 
 def test_srun_outside_an_allocation_runs_a_job_and_prints_its_output(cluster, monkeypatch):

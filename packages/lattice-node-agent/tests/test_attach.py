@@ -275,3 +275,47 @@ async def test_default_shell_is_a_login_shell(mgr: AttachManager, alloc, monkeyp
     await c.expect("SHELL-IS-42")
     await c.done()
     assert c.exit_code == 0
+
+
+async def test_preempted_allocation_tells_the_terminal_how_to_come_back(
+    mgr: AttachManager, alloc
+) -> None:  # type: ignore[no-untyped-def]
+    c = Client(mgr, _start(alloc))
+    await c.open()
+    mgr.end_allocations(set(), {alloc.id: "preempted"})
+    await c.done()
+    assert c.exit_code == -1
+    assert (
+        b"[lattice] Allocation preempted. Session suspended. Use "
+        + f"'lattice attach {alloc.id}' to reconnect after rescheduling.".encode()
+    ) in c.out
+
+
+async def test_idle_terminal_is_warned_not_ended(tmp_path: Path, alloc) -> None:  # type: ignore[no-untyped-def]
+    alloc.spec.walltime_seconds = 3 * 3600 + 13 * 60
+    alloc.started_at = __import__("time").time()
+    mgr = AttachManager(
+        "n1",
+        allocation=lambda aid: alloc if aid == alloc.id else None,
+        work_dir=tmp_path / "work",
+        log_dir=tmp_path / "logs",
+        idle_timeout=0.5,
+    )
+    c = Client(mgr, _start(alloc))
+    await c.open()
+    await c.expect(
+        re.escape("[lattice] Warning: session idle for 0 s. Walltime remaining: 3h 12m.")
+    )
+    c.type("echo STILL-$((40+2)); exit 0\n")  # the session goes on after the warning
+    await c.expect("STILL-42")
+    await c.done()
+    assert c.exit_code == 0
+
+
+def test_idle_message_wording() -> None:
+    from lattice_agent.attach import idle_message
+
+    assert idle_message(1800, 3 * 3600 + 12 * 60 + 30) == (
+        "\r\n[lattice] Warning: session idle for 30 minutes. Walltime remaining: 3h 12m.\r\n"
+    )
+    assert idle_message(60, None) == "\r\n[lattice] Warning: session idle for 1 minute.\r\n"

@@ -21,12 +21,19 @@ from lattice_common.agents import AgentChannels
 from lattice_common.errors import LatticeError
 from lattice_common.proto.lattice import v1
 from lattice_common.rpc import TRANSPORT_ERRORS, Endpoints, auth_metadata, decode_grpc_error
-from lattice_common.types import Allocation, AllocationReport, Node, NodeCapabilities
+from lattice_common.types import (
+    Allocation,
+    AllocationReport,
+    AllocationState,
+    Node,
+    NodeCapabilities,
+)
 from lattice_common.wire import from_message, to_message
 from prometheus_client import Histogram
 
 from lattice_agent.attach import AttachManager
 from lattice_agent.hydra import HydraSockets
+from lattice_agent.lifecycle import REASON_PREEMPTED
 from lattice_agent.pmi.fence import FenceRegistry
 from lattice_agent.pmi.launches import LaunchManager
 from lattice_agent.reconcile import Forget, Start, Stop, reconcile
@@ -132,6 +139,7 @@ class Agent:
             node_id, allocation=self.assigned.get, work_dir=work_dir, log_dir=log_dir
         )
         self.attempts: dict[str, int] = {}
+        self._checkpointing: set[str] = set()
         self.generation = 0
         self.sequence = 0
         self._beat_now = asyncio.Event()
@@ -322,10 +330,15 @@ class Agent:
             log.info("ignoring desired state generation %s < %s", generation, self.generation)
             return
         self.generation = generation
+        # an allocation that leaves after Checkpointing was preempted: its terminals are
+        # told so (they stay connected while it checkpoints)
+        gone = set(self.assigned) - {a.id for a in desired}
+        preempted = {aid: REASON_PREEMPTED for aid in gone & self._checkpointing}
+        self._checkpointing = {a.id for a in desired if a.state == AllocationState.CHECKPOINTING}
         self.assigned.clear()
         self.assigned.update((a.id, a) for a in desired)
         self.launches.end_allocations(set(self.assigned))
-        self.attaches.end_allocations(set(self.assigned))
+        self.attaches.end_allocations(set(self.assigned), preempted)
         await self.hydra.sync(self.assigned)
         actions = reconcile(self.node_id, desired, self.runtime.reports(), self.attempts)
         for act in actions:

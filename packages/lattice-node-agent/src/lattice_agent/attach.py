@@ -53,7 +53,7 @@ import signal
 import struct
 import termios
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,12 +61,21 @@ from lattice_common.errors import NotFound, QuotaExceeded, ValidationError
 from lattice_common.proto.lattice import v1
 from lattice_common.types import Allocation
 
+from lattice_agent.lifecycle import REASON_PREEMPTED
 from lattice_agent.procgroup import status_to_exit_code
 from lattice_agent.spawn import AllocPaths, environment
 
 log = logging.getLogger("lattice.agent.attach")
 
-__all__ = ["CHUNK", "MAX_PER_USER", "SIGNALS", "AttachManager", "limit_message"]
+__all__ = [
+    "CHUNK",
+    "IDLE_TIMEOUT",
+    "MAX_PER_USER",
+    "SIGNALS",
+    "AttachManager",
+    "idle_message",
+    "limit_message",
+]
 
 #: most bytes in one output message
 CHUNK = 32 * 1024
@@ -74,6 +83,8 @@ CHUNK = 32 * 1024
 HIGH_WATER = 1024 * 1024
 MAX_PER_USER = 5
 KEEPALIVE_TIMEOUT = 90.0
+#: no stdin this long: the terminal is told (never killed: a long computation is fine)
+IDLE_TIMEOUT = 30 * 60.0
 HUP_GRACE = 2.0
 DEFAULT_SIZE = (24, 80)
 #: client signal names -> (signal, to the whole session rather than the foreground group)
@@ -85,6 +96,17 @@ SIGNALS: dict[str, tuple[signal.Signals, bool]] = {
 }
 # argv: $0=lattice-attach $1=cwd, then the command
 _CD_EXEC = 'cd -- "$1" || exit 126; shift; exec "$@"'
+
+
+def idle_message(idle_seconds: float, walltime_left: float | None) -> str:
+    """``[lattice] Warning: session idle for 30 minutes. Walltime remaining: 3h 12m.``"""
+    minutes = int(idle_seconds // 60)
+    idle = f"{minutes} minute{'s' if minutes != 1 else ''}" if minutes else f"{int(idle_seconds)} s"
+    text = f"\r\n[lattice] Warning: session idle for {idle}."
+    if walltime_left is not None:
+        h, m = divmod(int(walltime_left // 60), 60)
+        text += f" Walltime remaining: {h}h {m}m." if h else f" Walltime remaining: {m}m."
+    return text + "\r\n"
 
 
 def limit_message(n: int) -> str:
@@ -154,6 +176,7 @@ class _Session:
     notice: bytes = b""
     write_queue: bytearray = field(default_factory=bytearray)
     cleaned: bool = False
+    last_input: float = field(default_factory=time.monotonic)
 
     @property
     def input_fd(self) -> int:
@@ -171,6 +194,7 @@ class AttachManager:
         work_dir: Path,
         log_dir: Path,
         keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+        idle_timeout: float = IDLE_TIMEOUT,
         max_per_user: int = MAX_PER_USER,
         hup_grace: float = HUP_GRACE,
         chunk: int = CHUNK,
@@ -180,6 +204,7 @@ class AttachManager:
         self.work_dir = work_dir
         self.log_dir = log_dir
         self.keepalive_timeout = keepalive_timeout
+        self.idle_timeout = idle_timeout
         self.max_per_user = max_per_user
         self.hup_grace = hup_grace
         self.chunk = chunk
@@ -206,6 +231,7 @@ class AttachManager:
         s = self._open(first.start)
         pump = asyncio.create_task(self._pump_input(s, messages), name="attach-input")
         waiter = asyncio.create_task(self._wait_exit(s), name="attach-wait")
+        idler = asyncio.create_task(self._idle_warnings(s), name="attach-idle")
         try:
             yield v1.AttachOutput(stdout=b"")
             async for out in self._outputs(s):
@@ -213,6 +239,7 @@ class AttachManager:
         finally:
             pump.cancel()
             waiter.cancel()
+            idler.cancel()
             if not s.cleaned:
                 task = asyncio.create_task(self._cleanup(s), name="attach-cleanup")
                 self._cleanups.add(task)
@@ -444,6 +471,7 @@ class AttachManager:
 
     def _apply(self, s: _Session, msg: v1.AttachInput) -> None:
         if msg.stdin is not None:
+            s.last_input = time.monotonic()
             self._write(s, msg.stdin)
         elif msg.resize is not None:
             if s.tty and s.master >= 0 and msg.resize.rows and msg.resize.cols:
@@ -573,16 +601,51 @@ class AttachManager:
                     os.close(fd)
         s.master = s.stdin_fd = -1
 
-    def end_allocations(self, keep: set[str]) -> None:
-        """End the attaches of allocations that no longer run on this node."""
+    async def _idle_warnings(self, s: _Session) -> None:
+        """After ``idle_timeout`` without stdin, say so in the terminal (spec: Session
+        Timeout), again after each further ``idle_timeout``; never end the session."""
+        warned_for = 0.0
+        while not s.ended.is_set():
+            idle = time.monotonic() - s.last_input
+            if idle < warned_for:  # input came since the last warning
+                warned_for = 0.0
+            due = max(warned_for + self.idle_timeout, self.idle_timeout)
+            if idle >= due:
+                warned_for = idle
+                self._notify(s, idle_message(idle, self._walltime_left(s.allocation_id)))
+                continue
+            await asyncio.sleep(min(due - idle, 60.0))
+
+    def _walltime_left(self, alloc_id: str) -> float | None:
+        a = self._allocation(alloc_id)
+        if a is None or not a.spec.walltime_seconds or a.started_at is None:
+            return None
+        return max(0.0, a.started_at + a.spec.walltime_seconds - time.time())
+
+    def _notify(self, s: _Session, text: str) -> None:
+        """A line from Lattice in the terminal's output (never mixed into a partial chunk)."""
+        s.pending.append(("stdout", bytearray(text.encode())))
+        s.unsent += len(text)
+        s.changed.set()
+
+    def end_allocations(self, keep: set[str], reasons: Mapping[str, str] | None = None) -> None:
+        """End the attaches of allocations that no longer run on this node; ``reasons``
+        (allocation -> why it stops) tells a preemption apart (spec: Preemption During
+        Active Session)."""
         for s in list(self.sessions):
-            if s.allocation_id not in keep:
-                self._disconnect(
-                    s,
-                    "allocation",
-                    f"\r\n[lattice] allocation {s.allocation_id} is no longer running on "
-                    f"{self.node_id}; attach session ended.\r\n",
+            if s.allocation_id in keep:
+                continue
+            if (reasons or {}).get(s.allocation_id) == REASON_PREEMPTED:
+                notice = (
+                    "\r\n[lattice] Allocation preempted. Session suspended. Use "
+                    f"'lattice attach {s.allocation_id}' to reconnect after rescheduling.\r\n"
                 )
+            else:
+                notice = (
+                    f"\r\n[lattice] allocation {s.allocation_id} is no longer running on "
+                    f"{self.node_id}; attach session ended.\r\n"
+                )
+            self._disconnect(s, "allocation", notice)
 
     async def idle(self, timeout: float = 10.0) -> None:
         """Wait until every attach has been cleaned up (tests, shutdown)."""

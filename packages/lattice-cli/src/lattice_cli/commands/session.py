@@ -10,17 +10,11 @@ opens another, ``lattice session delete ID`` ends it (or its walltime does).
 from __future__ import annotations
 
 import sys
-import time
 from typing import Annotated, Any
 
 import typer
 
 from lattice_cli.context import OutputOpt, emit, run_api, state_of
-
-#: how long `lattice session` waits for the allocation to start before giving up
-#: (it keeps its place in the queue; attach later)
-START_TIMEOUT = 600.0
-TERMINAL_STATES = ("Completed", "Failed", "Cancelled")
 
 
 def register(app: typer.Typer) -> None:
@@ -76,40 +70,13 @@ def session(
     body = {k: v for k, v in body.items() if v not in (None, "", {})}
     fmt = st.output(output)
 
-    async def create(client: Any) -> dict[str, Any]:
-        return await client.create_session(**body)
+    from lattice_cli import sessions
 
-    s = run_api(st, create)
+    s = sessions.create(st, body)
     if no_attach or fmt in ("json", "yaml"):
         emit(st, fmt, s, lambda: f"Session {s['id']} (allocation {s['allocation_id']})")
         return
-    print(
-        f"Session {s['id']}: allocation {s['allocation_id']} queued; waiting for it to start "
-        "(Ctrl-C stops waiting, the session stays queued).",
-        file=sys.stderr,
-    )
-
-    async def wait(client: Any) -> dict[str, Any]:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            cur = await client.get_session(s["id"])
-            if cur["state"] == "Running" or cur["state"] in TERMINAL_STATES:
-                return cur
-            await _sleep(0.5)
-        return await client.get_session(s["id"])
-
-    cur = run_api(st, wait)
-    if cur["state"] != "Running":
-        print(
-            f"lattice session: {s['id']} is {cur['state']}; "
-            + (
-                f"attach when it runs: lattice attach {s['allocation_id']}"
-                if cur["state"] not in TERMINAL_STATES
-                else "it ended before a terminal could open"
-            ),
-            file=sys.stderr,
-        )
-        raise typer.Exit(1)
+    cur = sessions.wait_running(st, s)
     print(
         f"Session {s['id']} running on {', '.join(cur.get('nodes') or [])}. Leaving the shell "
         f"keeps the session; end it with: lattice session delete {s['id']}",
@@ -118,12 +85,6 @@ def session(
     from lattice_cli.terminal import run_terminal
 
     raise typer.Exit(run_terminal(st, s["allocation_id"]))
-
-
-async def _sleep(seconds: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(seconds)
 
 
 def list_sessions(
@@ -163,9 +124,8 @@ def delete_session(
     """End a session: its allocation is cancelled and every terminal in it closes."""
     st = state_of(ctx)
 
-    async def go(client: Any) -> dict[str, Any]:
-        return await client.delete_session(session_id)
+    from lattice_cli import sessions
 
-    s = run_api(st, go)
+    s = sessions.delete(st, session_id)
     if not st.quiet:
         print(f"Session {s['id']} ended (allocation {s['allocation_id']} {s['state']})")
