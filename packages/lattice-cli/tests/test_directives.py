@@ -98,10 +98,10 @@ def test_unknown_sbatch_option_consumes_its_value():
     assert len(opts.warnings) == 1
 
 
-def test_sbatch_output_is_warned_array_and_dependency_are_kept():
+def test_sbatch_output_array_and_dependency_are_kept():
     opts = parse_script("#SBATCH --output=out.txt\n#SBATCH --array=0-9\n#SBATCH -d afterok:1\n")
-    assert len(opts.warnings) == 1
-    assert "lattice logs" in opts.warnings[0]
+    assert opts.warnings == []
+    assert opts.tags["slurm_output"] == "out.txt"
     assert opts.task_group == "0-9" and opts.dependency == "afterok:1"
     opts = parse_script(
         "#SBATCH --array=0-15:4%2\n#SBATCH --dependency=afterok:a1:b2,afterany:c3\n"

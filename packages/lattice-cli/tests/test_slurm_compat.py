@@ -139,7 +139,7 @@ CORPUS: list[tuple[str, str, list[str], dict[str, Any], list[str], Any]] = [
         "#SBATCH -o logs/%x-%j.out\n#SBATCH -e logs/%x-%j.err\n#SBATCH -t 5\nhostname\n",
         [],
         {"tags.slurm_output": "logs/%x-%j.out", "tags.slurm_error": "logs/%x-%j.err"},
-        ["log store"],
+        [],
         None,
     ),
     (
@@ -148,7 +148,7 @@ CORPUS: list[tuple[str, str, list[str], dict[str, Any], list[str], Any]] = [
         "python task.py $SLURM_ARRAY_TASK_ID\n",
         [],
         {"tags.slurm_output": "out_%A_%a.txt"},
-        ["log store"],
+        [],
         (0, 9, 2, 1),
     ),
     ("array-step", "#SBATCH -a 1-7:3\n#SBATCH -t 10\n./run\n", [], {}, [], (1, 7, 0, 3)),

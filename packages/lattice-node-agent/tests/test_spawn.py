@@ -156,3 +156,36 @@ def test_spawn_with_an_unusable_environment_raises(tmp_path: Path) -> None:
     paths = AllocPaths.of("s3", tmp_path / "work", tmp_path / "logs")
     with pytest.raises(ValueError):
         spawn(make_alloc("s3", "true", env={"BAD=NAME": "x"}), ["n1"], "n1", paths)
+
+
+def test_sbatch_output_files_are_the_job_output_live(tmp_path: Path) -> None:
+    submit = tmp_path / "submit"
+    submit.mkdir()
+    paths = AllocPaths.of("a1b2", tmp_path / "work", tmp_path / "logs")
+    alloc = make_alloc(
+        "a1b2",
+        "echo out; echo err >&2",
+        name="train",
+        submit_dir=str(submit),
+        tags={"slurm_output": "logs/%x-%j.out", "slurm_error": "logs/%x-%j.err"},
+    )
+    launched = spawn(alloc, ["n1"], "n1", paths)
+    assert wait_status(launched.pid) == 0
+    out, err = submit / "logs" / "train-a1b2.out", submit / "logs" / "train-a1b2.err"
+    assert out.read_text() == "out\n" and err.read_text() == "err\n"
+    assert out.stat().st_ino == paths.stdout.stat().st_ino  # the same file: it fills live
+
+
+def test_an_output_file_that_cannot_be_made_is_said_in_stderr(tmp_path: Path) -> None:
+    submit = tmp_path / "submit"
+    submit.mkdir()
+    (submit / "blocked").write_text("a file, not a directory")
+    paths = AllocPaths.of("c3d4", tmp_path / "work", tmp_path / "logs")
+    alloc = make_alloc(
+        "c3d4", "true", submit_dir=str(submit), tags={"slurm_output": "blocked/%j.out"}
+    )
+    launched = spawn(alloc, ["n1"], "n1", paths)
+    assert wait_status(launched.pid) == 0
+    assert f"[lattice] could not create {submit}/blocked/c3d4.out for stdout" in (
+        paths.stderr.read_text()
+    )

@@ -10,7 +10,8 @@ directives, which are translated with the specification's directive mapping::
     --mem -> memory_gb constraint   --requeue/--no-requeue -> requeue policy
     --array -> task group           --dependency/-d -> depends_on
     --cpus-per-task/-c, --ntasks -> tags      --export -> env (named variables)
-    --output/-o, --error/-e -> tags slurm_output/slurm_error (a warning: the log store)
+    --output/-o, --error/-e -> tags slurm_output/slurm_error: the agent links the job's
+        stdout/stderr to the expanded file (-o alone does not collect stderr)
     --mail-type/--mail-user and the options in SBATCH_UNSUPPORTED -> warnings
 
 As with sbatch, directives are read from the top of the script up to the first line that
@@ -427,12 +428,9 @@ def _apply_sbatch_value(
     elif setting == "submit_dir":
         opts.submit_dir = text_value(value, option)
     elif setting == "output":
+        # the agent links the job's output to this file (lattice_agent.spawn); unlike
+        # Slurm, stdout and stderr stay apart: -o alone does not collect stderr
         tag = "slurm_error" if option in ("--error", "-e") else "slurm_output"
-        if "slurm_output" not in opts.tags and "slurm_error" not in opts.tags:
-            opts.warnings.append(
-                f"{where}={value}: output always goes to the log store, not to this file;"
-                " read it with `lattice logs ID` (the pattern is kept in the job's tags)"
-            )
         opts.tags[tag] = text_value(value, option)
     elif setting == "cpus_per_task":
         opts.tags["cpus_per_task"] = str(parse_positive_int(value, "cpus per task"))

@@ -224,6 +224,52 @@ def environment(
     return env
 
 
+#: sbatch -o / -e patterns, as lattice sbatch records them in the allocation's tags
+OUTPUT_TAGS = {"slurm_output": "stdout", "slurm_error": "stderr"}
+
+
+def link_output_files(alloc: Allocation, paths: AllocPaths, cwd: str, node_id: str) -> list[str]:
+    """Make the job's output appear where ``sbatch -o/-e`` said (patterns like
+    ``slurm-%j.out`` expanded, relative to the working directory): a hard link to the
+    log file, so the file fills live (``tail -f`` works) while Lattice's logs read the
+    same bytes; a symbolic link across filesystems. What could not be linked is
+    returned, to be said in the job's stderr (never a silent loss)."""
+    from lattice_common.slurm import SlurmSyntaxError, expand_output_pattern
+
+    problems = []
+    for tag, stream in OUTPUT_TAGS.items():
+        template = alloc.spec.tags.get(tag)
+        if not template:
+            continue
+        try:
+            name = expand_output_pattern(
+                template,
+                job_id=alloc.task_group_id or alloc.id
+                if alloc.task_index is not None
+                else alloc.id,
+                job_name=job_name(alloc),
+                user=alloc.spec.user,
+                array_job_id=alloc.task_group_id or None,
+                array_index=alloc.task_index,
+                node=node_id,
+            )
+        except SlurmSyntaxError as e:
+            problems.append(f"output file {template!r}: {e.message}")
+            continue
+        target = Path(cwd, name)
+        source = paths.log(stream)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.unlink(missing_ok=True)
+            try:
+                os.link(source, target)
+            except OSError:
+                target.symlink_to(source)
+        except OSError as e:
+            problems.append(f"could not create {target} for {stream}: {e.strerror or e}")
+    return problems
+
+
 def _signals_to_reset() -> list[int]:
     """Signals the agent ignores; an ignored disposition would survive exec into the workload."""
     out = {signal.SIGPIPE, signal.SIGXFSZ}
@@ -272,6 +318,8 @@ def spawn(
         err_fd = _high_fd(os.open(paths.stderr, flags, 0o640))
         # Append (a requeued run keeps the earlier output); tail only the new part.
         offsets = {"stdout": os.fstat(out_fd).st_size, "stderr": os.fstat(err_fd).st_size}
+        for problem in link_output_files(alloc, paths, cwd, node_id):
+            os.write(err_fd, f"[lattice] {problem}\n".encode())
         argv = [
             _SHELL,
             "-c",
