@@ -41,6 +41,9 @@ WIRE: dict[type[msgspec.Struct], type[betterproto2.Message]] = {
     types.AllocationReport: v1.AllocationReport,
     types.Dependency: v1.Dependency,
     types.DagEdge: v1.DagEdge,
+    types.LivenessProbeSpec: v1.LivenessProbeSpec,
+    types.ExposedPort: v1.ExposedPort,
+    types.ServiceEndpoint: v1.ServiceEndpoint,
 }
 # Records of types.py that deliberately never travel on their own (add with a reason).
 NOT_ON_THE_WIRE: set[type[msgspec.Struct]] = {
@@ -95,6 +98,20 @@ def _spec() -> types.AllocationSpec:
         min_nodes=2,
         wait_for_capacity=True,
         depends_on=[types.Dependency(ref="a1b2c3d4", condition="success")],
+        liveness_probe=_probe(),
+        expose=[types.ExposedPort(name="api", port=8080, protocol="http")],
+    )
+
+
+def _probe() -> types.LivenessProbeSpec:
+    return types.LivenessProbeSpec(
+        probe_type="http",
+        port=8080,
+        path="/healthz",
+        period_secs=7,
+        initial_delay_secs=0,  # an explicit 0 survives (optional on the wire)
+        failure_threshold=2,
+        timeout_secs=1,
     )
 
 
@@ -260,6 +277,7 @@ def _report() -> types.AllocationReport:
         reason="walltime_exceeded",
         started_at=1_700_000_010.5,
         finished_at=1_700_000_020.75,
+        peak_memory_bytes=3 << 30,
     )
 
 
@@ -288,6 +306,11 @@ SAMPLES: dict[type[msgspec.Struct], typing.Callable[[], msgspec.Struct]] = {
     types.AllocationReport: _report,
     types.Dependency: lambda: types.Dependency(ref="train", condition="failure"),
     types.DagEdge: lambda: types.DagEdge(upstream="train", downstream="eval", condition="any"),
+    types.LivenessProbeSpec: _probe,
+    types.ExposedPort: lambda: types.ExposedPort(name="api", port=8080, protocol="http"),
+    types.ServiceEndpoint: lambda: types.ServiceEndpoint(
+        allocation_id="a1b2c3d4", node_id="x1000c0s0b0n0", address="nid001", port=8080, tenant="t"
+    ),
 }
 
 
@@ -524,8 +547,29 @@ def test_wire_empty_required_fields_decode_as_empty_for_validation_to_report():
 def test_wire_request_only_fields_are_ignored_by_the_record():
     message = to_message(_spec(), v1.AllocationSpec)
     message.walltime = "72h"
-    message.liveness_probe = v1.LivenessProbeSpec(probe_type="http", port=8080, path="/healthz")
     assert from_message(message, types.AllocationSpec) == _spec()
+
+
+def test_wire_liveness_probe_defaults_are_the_specifications():
+    spec = from_message(
+        v1.AllocationSpec(
+            entrypoint="x",
+            tenant="t",
+            vcluster="v",
+            liveness_probe=v1.LivenessProbeSpec(probe_type="http", port=8080, path="/healthz"),
+        ),
+        types.AllocationSpec,
+    )
+    assert spec.liveness_probe == types.LivenessProbeSpec(
+        probe_type="http", port=8080, path="/healthz"
+    )
+    p = spec.liveness_probe
+    assert (p.period_secs, p.initial_delay_secs, p.failure_threshold, p.timeout_secs) == (
+        30,
+        10,
+        3,
+        5,
+    )
 
 
 def test_wire_rejects_values_that_do_not_fit_the_record():

@@ -16,6 +16,7 @@ KEYS = {
     "id", "pid", "pgid", "proc_start", "started_at", "walltime_seconds", "deadline", "work_dir",
     "stdout", "stderr", "exit_file", "phase", "exit_code", "reason", "finished_at",
     "stop_reason", "kill_signal",
+        "peak_memory_bytes",
 }  # fmt: skip
 
 

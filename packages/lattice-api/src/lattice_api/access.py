@@ -63,6 +63,35 @@ def sees_others_sessions(who: Identity) -> bool:
     return who.role in _CANCEL_OTHERS
 
 
+#: roles that see every tenant's services (spec: "without the header, all services are
+#: visible (admin/operator access)")
+_SERVICES_ALL = frozenset({Role.SYSTEM_ADMIN, Role.OPERATOR, Role.READ_ONLY})
+
+
+def service_tenants(who: Identity, tenant: str | None) -> set[str] | None:
+    """Whose services a discovery request shows (None = every tenant's).
+
+    The caller's tenant (token claim, or the x-lattice-tenant header in dev mode) limits
+    it; operators and system admins without one see every tenant, or the ``tenant``
+    they name. Anyone else sees only their own tenant and may not name another."""
+    requested = (tenant or "").strip()
+    own = who.tenant
+    if who.role in _SERVICES_ALL:
+        narrowed = requested or own
+        return {narrowed} if narrowed else None
+    if not own:
+        raise PermissionDenied(
+            f"{who.user} has no tenant: service discovery is tenant-filtered",
+            hint="Your token must name your tenant; ask your administrator.",
+        )
+    if requested and requested != own:
+        raise PermissionDenied(
+            f'{who.user} may not list the services of tenant "{requested}"',
+            hint=f'You see the services of your tenant "{own}".',
+        )
+    return {own}
+
+
 def releases_any_claim(who: Identity) -> bool:
     """A system admin may end any user's sensitive claim; others only their own (the
     state machine checks the claimant)."""
@@ -75,5 +104,6 @@ __all__ = [
     "listing_user",
     "releases_any_claim",
     "sees_others_sessions",
+    "service_tenants",
     "usage_user",
 ]

@@ -19,6 +19,7 @@ from lattice_api.ops.launches import LaunchOps
 from lattice_api.ops.nodes import NodeOps
 from lattice_api.ops.queue import QueueOps
 from lattice_api.ops.quorum import QuorumOps
+from lattice_api.ops.services import ServiceOps
 from lattice_api.ops.sessions import SessionOps
 from lattice_api.ops.usage import UsageOps
 from lattice_api.settings import ApiSettings
@@ -55,6 +56,7 @@ class Operations:
         )
         self.usage = UsageOps(quorum, budget_period_days=settings.budget_period_days)
         self.quorum = QuorumOps(quorum)
+        self.services = ServiceOps(quorum)
 
 
 __all__ = ["Operations"]

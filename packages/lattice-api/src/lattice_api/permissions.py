@@ -47,6 +47,8 @@ ROLES: dict[str, frozenset[Role]] = {
     "vcluster.read": _READ,
     "vcluster.admin": frozenset({Role.SYSTEM_ADMIN}),
     "raft.read": _READ,
+    # service discovery; which tenants' services is lattice_api.access.service_tenants
+    "service.read": _READ,
     "quorum.internal": frozenset({Role.SYSTEM_ADMIN, Role.AGENT}),
 }
 _ADMIN_ONLY = frozenset({Role.SYSTEM_ADMIN})  # any permission not listed in ROLES
@@ -106,8 +108,8 @@ RPCS: dict[str, str] = {
     "AdminService.GetAccountingUsage": NOT_BUILT,
     "AdminService.GetTenantUsage": "tenant.read",
     "AdminService.GetUserUsage": "tenant.read",
-    "AdminService.LookupService": NOT_BUILT,
-    "AdminService.ListServices": NOT_BUILT,
+    "AdminService.LookupService": "service.read",
+    "AdminService.ListServices": "service.read",
     "QuorumService.Propose": "quorum.internal",
     "QuorumService.Read": NOT_BUILT,
     "QuorumService.WatchState": "quorum.internal",
@@ -163,6 +165,9 @@ ROUTES: dict[str, str] = {
     # the caller's own entries; everyone's needs allocation.list_all (lattice_api.access)
     "GET /api/v1/vclusters/{name}/queue": "vcluster.read",
     "GET /api/v1/raft/status": "raft.read",
+    # service discovery, tenant-filtered (lattice_api.access.service_tenants)
+    "GET /api/v1/services": "service.read",
+    "GET /api/v1/services/{name}": "service.read",
 }
 
 

@@ -17,7 +17,9 @@ from lattice_common.types import (
     AllocationSpec,
     Constraints,
     Dependency,
+    ExposedPort,
     LifecycleType,
+    LivenessProbeSpec,
     RequeuePolicy,
 )
 
@@ -171,7 +173,91 @@ def validate_submission(
         min_nodes=min_nodes if min_nodes != nodes else 0,
         wait_for_capacity=_bool(body.get("wait_for_capacity", False), "wait_for_capacity"),
         depends_on=_dependencies(body.get("depends_on")),
+        liveness_probe=_liveness_probe(body.get("liveness_probe")),
+        expose=_expose(body.get("expose")),
     )
+
+
+MAX_EXPOSED_PORTS = 64
+MAX_PROBE_SECONDS = 86400
+
+
+def _port(v: Any, field: str) -> int:
+    port = _int(v, field)
+    if not 1 <= port <= 65535:
+        raise ValidationError(f"{field} must be between 1 and 65535 (got {port})")
+    return port
+
+
+def _liveness_probe(raw: Any) -> LivenessProbeSpec | None:
+    """``liveness_probe``: {probe_type: tcp|http, port, path, period_secs,
+    initial_delay_secs, failure_threshold, timeout_secs}; unset numbers take the
+    specification's defaults (30, 10, 3, 5)."""
+    if raw in (None, "", {}):
+        return None
+    if not isinstance(raw, Mapping):
+        raise ValidationError(
+            "liveness_probe must be an object",
+            hint="e.g. liveness_probe: {probe_type: http, port: 8080, path: /healthz}",
+        )
+    default = LivenessProbeSpec()
+    probe_type = str(raw.get("probe_type") or default.probe_type).strip().lower()
+    if probe_type not in ("tcp", "http"):
+        raise ValidationError(
+            f"unknown liveness probe type {raw.get('probe_type')!r}", hint="Use tcp or http."
+        )
+    path = str(raw.get("path") or default.path)
+    if not path.startswith("/"):
+        raise ValidationError(f"liveness probe path must start with / (got {path!r})")
+
+    def seconds(key: str, low: int) -> int:
+        v = raw.get(key)
+        n = getattr(default, key) if v in (None, "") else _int(v, f"liveness_probe.{key}")
+        if not low <= n <= MAX_PROBE_SECONDS:
+            raise ValidationError(
+                f"liveness_probe.{key} must be between {low} and {MAX_PROBE_SECONDS} (got {n})"
+            )
+        return n
+
+    return LivenessProbeSpec(
+        probe_type=probe_type,
+        port=_port(raw.get("port"), "liveness_probe.port"),
+        path=path[:1024],
+        period_secs=seconds("period_secs", 1),
+        initial_delay_secs=seconds("initial_delay_secs", 0),
+        failure_threshold=seconds("failure_threshold", 1),
+        timeout_secs=seconds("timeout_secs", 1),
+    )
+
+
+def _expose(raw: Any) -> list[ExposedPort]:
+    """``expose``: [{name, port, protocol}] (connectivity.expose); a bare port number
+    or "name:port" text is accepted too (``--expose=8080`` names it ``port-8080``)."""
+    if raw in (None, "", []):
+        return []
+    if not isinstance(raw, list) or len(raw) > MAX_EXPOSED_PORTS:
+        raise ValidationError(
+            f"expose must be a list of at most {MAX_EXPOSED_PORTS} {{name, port}} entries",
+            hint="e.g. expose: [{name: api, port: 8080}]",
+        )
+    out: list[ExposedPort] = []
+    for item in raw:
+        if isinstance(item, Mapping):
+            name, port, protocol = item.get("name"), item.get("port"), item.get("protocol")
+        elif isinstance(item, int | str) and not isinstance(item, bool):
+            name, _, port = str(item).rpartition(":")
+            protocol = ""
+        else:
+            raise ValidationError(f"invalid exposed port {item!r}", hint="Give {name, port}.")
+        number = _port(port, "expose.port")
+        name = str(name or f"port-{number}").strip()
+        if not name or len(name) > 253 or any(ch.isspace() or ch == "/" for ch in name):
+            raise ValidationError(
+                f"invalid service name {name!r}",
+                hint="A service name has no spaces or slashes, e.g. api or metrics.",
+            )
+        out.append(ExposedPort(name=name, port=number, protocol=str(protocol or "")[:32]))
+    return out
 
 
 MAX_DEPENDENCIES = 1000

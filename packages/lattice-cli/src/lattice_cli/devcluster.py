@@ -289,6 +289,10 @@ class LocalCluster:
                 str(a.group),
                 "--metrics-listen",
                 "",
+                # agents share this host: each needs its own cgroup parent (else one agent's
+                # orphan cleanup would remove another's scopes)
+                "--cgroup-slice",
+                f"{self.cgroup_slice}/{a.node_id}.slice",
                 *a.args,
             ],
         )
@@ -347,6 +351,38 @@ class LocalCluster:
             self.stop_member(m)
         self.kill_workloads()
 
+    @property
+    def cgroup_slice(self) -> str:
+        """The cgroup parent of this cluster's agents (one ``<node>.slice`` each below)."""
+        import hashlib
+
+        return f"lattice-dev-{hashlib.sha1(str(self.base).encode()).hexdigest()[:10]}.slice"
+
+    def remove_cgroups(self, root: Path = Path("/sys/fs/cgroup")) -> None:
+        """Best effort: kill what is left in this cluster's cgroup scopes and remove them
+        (v2: one tree under ``root``; v1: the same tree under each controller)."""
+        tops = [root / self.cgroup_slice]
+        if not (root / "cgroup.controllers").exists():
+            with contextlib.suppress(OSError):
+                tops = [c / self.cgroup_slice for c in root.iterdir() if c.is_dir()]
+        for top in tops:
+            if not top.is_dir():
+                continue
+            dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+            for d in [*dirs, top]:
+                for _ in range(50):
+                    with contextlib.suppress(OSError):
+                        for pid in (d / "cgroup.procs").read_text().split():
+                            with contextlib.suppress(ProcessLookupError, PermissionError):
+                                os.kill(int(pid), signal.SIGKILL)
+                    try:
+                        d.rmdir()
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        time.sleep(0.02)
+
     def kill_workloads(self) -> None:
         """Workloads outlive their agent by design; a dev cluster going away takes them along."""
         for a in self.agents:
@@ -360,6 +396,7 @@ class LocalCluster:
                     if pgid:
                         with contextlib.suppress(ProcessLookupError, PermissionError):
                             os.killpg(int(pgid), signal.SIGKILL)
+        self.remove_cgroups()
 
     def cli_config(self) -> dict[str, Any]:
         return {"endpoint": self.rest_url, "tenant": self.tenant, "vcluster": self.vclusters[0]}

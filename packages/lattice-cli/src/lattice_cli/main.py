@@ -41,6 +41,7 @@ COMMANDS: dict[str, str] = {
     "session": "lattice_cli.commands.session",
     "dag": "lattice_cli.commands.dag",
     "nodes": "lattice_cli.commands.nodes",
+    "services": "lattice_cli.commands.services",
     "usage": "lattice_cli.commands.usage",
     "node": "lattice_cli.commands.node",
     "admin": "lattice_cli.commands.admin",

@@ -329,6 +329,29 @@ class NodeAgentConfig(_Section):
         ge=2,
         description="launches on more nodes than this use a two-level fence tree, not a star",
     )
+    cgroups: Literal["auto", "v2", "v1", "none"] = Field(
+        default="auto",
+        description="per-allocation cgroups: auto = v2 if <root>/cgroup.controllers, else v1 "
+        "if <root>/memory, else none (logged, lattice_agent_cgroups_available 0)",
+    )
+    cgroup_root: str = Field(default="/sys/fs/cgroup", description="cgroup filesystem mount")
+    cgroup_slice: str = Field(
+        default="workload.slice",
+        description="parent of the alloc-<id>.scope cgroups, relative to the root (v1: to "
+        "each controller); several agents on one host need one each",
+    )
+    cgroup_memory_reserve_percent: float = Field(
+        default=5.0,
+        ge=0,
+        lt=100,
+        description="whole-node jobs (no memory_gb) get capacity minus this share ...",
+    )
+    cgroup_memory_reserve_min_gb: float = Field(
+        default=1.0, ge=0, description="... but at least this much is left to the OS and agent"
+    )
+    pids_max: int = Field(
+        default=4096, ge=0, description="processes+threads per allocation (0 = no limit)"
+    )
 
     @field_validator("grpc_listen")
     @classmethod

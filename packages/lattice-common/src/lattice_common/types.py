@@ -168,6 +168,44 @@ class Session(msgspec.Struct, kw_only=True):
     revision: int = 0
 
 
+PROBE_TYPES = ("tcp", "http")
+
+
+class LivenessProbeSpec(msgspec.Struct, kw_only=True):
+    """A liveness check of a service allocation, run by the agent of its head node (spec:
+    API Design, Liveness Probe Schema; Failure Modes, Service Failure Detection).
+    ``failure_threshold`` consecutive failures end the allocation Failed with reason
+    ``liveness_probe_failed``; it is then requeued per its requeue policy."""
+
+    probe_type: str = "tcp"  # "tcp" (connect) | "http" (GET path; 2xx/3xx is alive)
+    port: int = 0  # 1-65535
+    path: str = "/"  # HTTP path
+    period_secs: int = 30
+    initial_delay_secs: int = 10
+    failure_threshold: int = 3
+    timeout_secs: int = 5
+
+
+class ExposedPort(msgspec.Struct, kw_only=True):
+    """A named port a service allocation exposes (spec: ``connectivity.expose``). While
+    the allocation runs, each (name, node, port) is an endpoint in the service
+    registry."""
+
+    name: str
+    port: int
+    protocol: str = ""  # e.g. "http", "grpc"; "" = unspecified
+
+
+class ServiceEndpoint(msgspec.Struct, kw_only=True):
+    """One registered endpoint of a named service (proto ``ServiceEndpoint``)."""
+
+    allocation_id: str
+    node_id: str
+    address: str = ""  # the node's hostname
+    port: int = 0
+    tenant: str = ""
+
+
 class AllocationSpec(msgspec.Struct, kw_only=True):
     """What a user asks for. Validated by the API before anything is stored."""
 
@@ -194,6 +232,8 @@ class AllocationSpec(msgspec.Struct, kw_only=True):
     # allocation waits for capacity instead of being refused at submit
     wait_for_capacity: bool = False
     depends_on: list[Dependency] = msgspec.field(default_factory=list)
+    liveness_probe: LivenessProbeSpec | None = None  # services (unbounded/reactive)
+    expose: list[ExposedPort] = msgspec.field(default_factory=list)  # connectivity.expose
 
 
 class Allocation(msgspec.Struct, kw_only=True):
@@ -403,3 +443,4 @@ class AllocationReport(msgspec.Struct, kw_only=True, omit_defaults=True):
     reason: str = ""
     started_at: float | None = None
     finished_at: float | None = None
+    peak_memory_bytes: int | None = None  # the allocation cgroup's peak, once exited

@@ -32,10 +32,12 @@ from lattice_common.wire import from_message, to_message
 from prometheus_client import Histogram
 
 from lattice_agent.attach import AttachManager
+from lattice_agent.cgroups import CgroupManager
 from lattice_agent.hydra import HydraSockets
 from lattice_agent.lifecycle import REASON_PREEMPTED
 from lattice_agent.pmi.fence import FenceRegistry
 from lattice_agent.pmi.launches import LaunchManager
+from lattice_agent.probes import REASON_LIVENESS_PROBE_FAILED, ProbeManager
 from lattice_agent.reconcile import Forget, Start, Stop, reconcile
 from lattice_agent.runtime import ProcessRuntime
 from lattice_agent.service import NodeAgentService, require_token
@@ -79,6 +81,7 @@ class Agent:
         pmi_fence_timeout: float = 60.0,
         pmi_tree_fanout: int = 128,
         slurm_env: bool = True,
+        cgroups: CgroupManager | None = None,
     ) -> None:
         self.node_id = node_id
         self.endpoints = endpoints
@@ -100,6 +103,8 @@ class Agent:
         self.metadata = auth_metadata(token)
         self.token = token
         self.log_dir = log_dir
+        # liveness probes of the service allocations this node heads
+        self.probes = ProbeManager(node_id, on_failed=self._on_probe_failed)
         self.runtime = ProcessRuntime(
             node_id=node_id,
             work_dir=work_dir,
@@ -109,6 +114,7 @@ class Agent:
             ring_buffer_lines=ring_buffer_lines,
             on_change=self._on_runtime_change,
             slurm_env=slurm_env,
+            cgroups=cgroups,
         )
         #: the allocations the desired state assigns to this node, by id
         self.assigned: dict[str, Allocation] = {}
@@ -187,6 +193,7 @@ class Agent:
             self._server.close()
             await self.hydra.close()
             await self.attaches.close()
+            await self.probes.close()
             await self.launches.close()  # ranks cannot outlive their PMI server
             await self.runtime.close()  # workloads keep running (KillMode=process)
             self.endpoints.close()
@@ -203,6 +210,16 @@ class Agent:
         # an exit must reach the quorum at once; a start is already known there
         if report.phase != "running":
             self._beat_now.set()
+        self._sync_probes()
+
+    def _sync_probes(self) -> None:
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to probe yet
+            asyncio.get_running_loop()
+            self.probes.sync(self.assigned, self.runtime.running_ids())
+
+    def _on_probe_failed(self, alloc_id: str) -> None:
+        # failure_threshold consecutive failures: the exit report carries the reason
+        self._spawn_stop(alloc_id, REASON_LIVENESS_PROBE_FAILED)
 
     # --- registration -----------------------------------------------------------------
 
@@ -358,6 +375,7 @@ class Agent:
                 await self.runtime.start(a, nodelist=list(a.assigned_nodes))
                 if a.started_at:
                     STARTUP.labels(self.node_id).observe(max(0.0, time.time() - a.started_at))
+        self._sync_probes()
 
     def _spawn_stop(self, alloc_id: str, reason: str) -> None:
         if alloc_id in self._stopping:

@@ -84,6 +84,7 @@ class AllocHandle:
             reason=life.reason,
             started_at=life.started_at,
             finished_at=life.finished_at,
+            peak_memory_bytes=life.peak_memory_bytes,
         )
 
     def saved(self) -> SavedAlloc | None:

@@ -19,7 +19,8 @@ Rules decided here:
 * When the wrapper has ended, the group is reaped (after the rest of the grace if a polite
   termination is under way); then the exit is settled and reported exactly once:
   the exit file's status, else the wait status, else 128 + the last signal we sent, else
-  None with reason ``lost_on_agent_restart``. The reason is the termination reason if any.
+  None with reason ``lost_on_agent_restart``. The reason is the termination reason if any,
+  else ``oom_killed`` when the shell saw an OOM kill in the allocation's cgroup.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ REASON_CANCELLED = "cancelled"
 REASON_PREEMPTED = "preempted"
 REASON_LOST = "lost_on_agent_restart"
 REASON_SPAWN_FAILED = "spawn_failed"
+REASON_OOM = "oom_killed"
 
 TIMER_WALLTIME = "walltime"
 TIMER_GRACE = "grace"
@@ -73,6 +75,7 @@ class Lifecycle(msgspec.Struct, frozen=True, kw_only=True):
     stop_reason: str = ""  # a termination in progress (or done), with its reason
     kill_signal: int = 0  # last signal sent to the group
     exited_at: float | None = None  # when the wrapper was seen gone (not persisted)
+    peak_memory_bytes: int | None = None  # the cgroup's peak, read at the reap
 
     @property
     def phase(self) -> str:
@@ -105,10 +108,13 @@ class Exited(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Reaped(msgspec.Struct, frozen=True, kw_only=True):
-    """The group is gone; what the exit file and ``waitpid`` said (None: nothing)."""
+    """The group is gone; what the exit file and ``waitpid`` said (None: nothing), and what
+    the allocation's cgroup said: did the kernel OOM-kill a process in it, its peak memory."""
 
     exit_file_code: int | None = None
     wait_code: int | None = None
+    oom_killed: bool = False
+    peak_memory_bytes: int | None = None
 
 
 class WalltimeExpired(msgspec.Struct, frozen=True):
@@ -219,13 +225,17 @@ Step = tuple[Lifecycle | None, list[Instruction]]
 
 
 def settle_exit(
-    rec: Lifecycle, exit_file_code: int | None, wait_code: int | None
+    rec: Lifecycle, exit_file_code: int | None, wait_code: int | None, oom_killed: bool = False
 ) -> tuple[int | None, str]:
-    """The exit code and reason of an allocation whose group is gone."""
+    """The exit code and reason of an allocation whose group is gone.
+
+    A termination we asked for keeps its reason; otherwise an OOM kill in the allocation's
+    cgroup makes the reason ``oom_killed`` whatever the exit status (as Slurm's
+    OUT_OF_MEMORY: a job whose worker was killed did not do its work)."""
     code = exit_file_code if exit_file_code is not None else wait_code
     if code is None and rec.kill_signal:
         code = signal_exit_code(rec.kill_signal)
-    reason = rec.stop_reason
+    reason = rec.stop_reason or (REASON_OOM if oom_killed else "")
     if code is None and not reason:
         reason = REASON_LOST
     return code, reason
@@ -341,9 +351,14 @@ def _exited(rec: Lifecycle, event: Exited, grace: float) -> Step:
 def _reaped(rec: Lifecycle, event: Reaped, grace: float) -> Step:
     if rec.status != Status.FINISHING:
         return rec, []
-    code, reason = settle_exit(rec, event.exit_file_code, event.wait_code)
+    code, reason = settle_exit(rec, event.exit_file_code, event.wait_code, event.oom_killed)
     rec = msgspec.structs.replace(
-        rec, status=Status.EXITED, exit_code=code, reason=reason, finished_at=rec.exited_at
+        rec,
+        status=Status.EXITED,
+        exit_code=code,
+        reason=reason,
+        finished_at=rec.exited_at,
+        peak_memory_bytes=event.peak_memory_bytes,
     )
     return rec, [
         CancelTimer(TIMER_WALLTIME),

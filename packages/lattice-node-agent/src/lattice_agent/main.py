@@ -64,6 +64,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-type", help="override discovered GPU type")
     p.add_argument("--gpu-count", type=int, help="override discovered GPU count")
     p.add_argument("--metrics-listen", help="host:port for /metrics; empty to disable")
+    p.add_argument(
+        "--cgroups",
+        choices=("auto", "v2", "v1", "none"),
+        help="per-allocation cgroup backend (default node_agent.cgroups)",
+    )
+    p.add_argument(
+        "--cgroup-slice",
+        help="parent of the alloc-<id>.scope cgroups (default node_agent.cgroup_slice); "
+        "several agents on one host need one each",
+    )
     p.add_argument("--log-level", default=os.environ.get("LATTICE_LOG_LEVEL", "info"))
     return p.parse_args(argv)
 
@@ -83,6 +93,8 @@ async def run(args: argparse.Namespace) -> None:
     from lattice_common.rpc import Endpoints
 
     from lattice_agent.agent import Agent
+    from lattice_agent.cgroups import announce as announce_cgroups
+    from lattice_agent.cgroups import detect as detect_cgroups
     from lattice_agent.conformance import compute_fingerprint
     from lattice_agent.discovery import discover, hostname
 
@@ -102,16 +114,27 @@ async def run(args: argparse.Namespace) -> None:
     # test clusters); without it the fingerprint is computed now and every interval
     conformance_group = args.conformance_group or compute()
     fingerprint_source = None if args.conformance_group else compute
+    capabilities = discover(
+        cpu_cores=args.cpu_cores,
+        memory=args.memory_gb,
+        gpu_type=args.gpu_type,
+        gpu_count=args.gpu_count,
+        features=args.feature,
+    )
+    cgroups = detect_cgroups(
+        args.cgroups or na.cgroups,
+        na.cgroup_root,
+        slice_name=args.cgroup_slice or na.cgroup_slice,
+        node_memory_bytes=capabilities.memory_gb * (1 << 30),
+        reserve_percent=na.cgroup_memory_reserve_percent,
+        reserve_min_bytes=int(na.cgroup_memory_reserve_min_gb * (1 << 30)),
+        pids_max=na.pids_max or None,
+    )
+    announce_cgroups(cgroups)
     agent = Agent(
         node_id=args.node_id or hostname(),
         endpoints=Endpoints(args.quorum_endpoint),
-        capabilities=discover(
-            cpu_cores=args.cpu_cores,
-            memory=args.memory_gb,
-            gpu_type=args.gpu_type,
-            gpu_count=args.gpu_count,
-            features=args.feature,
-        ),
+        capabilities=capabilities,
         hostname=hostname(),
         group=args.group,
         conformance_group=conformance_group,
@@ -133,6 +156,7 @@ async def run(args: argparse.Namespace) -> None:
         pmi_fence_timeout=na.pmi_fence_timeout_seconds,
         pmi_tree_fanout=na.pmi_tree_fanout,
         slurm_env=cfg.compat.slurm_env,
+        cgroups=cgroups,
     )
     await run_until_signal(agent.run())
 

@@ -59,6 +59,7 @@ def to_entry(saved: SavedAlloc) -> dict[str, Any]:
         "finished_at": life.finished_at,
         "stop_reason": life.stop_reason,
         "kill_signal": life.kill_signal,
+        "peak_memory_bytes": life.peak_memory_bytes,
     }
 
 
@@ -78,6 +79,7 @@ def from_entry(d: dict[str, Any]) -> SavedAlloc:
         exit_code=d.get("exit_code"),
         reason=d.get("reason", ""),
         finished_at=d.get("finished_at"),
+        peak_memory_bytes=d.get("peak_memory_bytes"),
         stop_reason=d.get("stop_reason", ""),
         kill_signal=int(d.get("kill_signal") or 0),
     )

@@ -32,6 +32,7 @@ from typing import Any
 from lattice_common.types import Allocation, AllocationReport
 
 from lattice_agent import lifecycle as lc
+from lattice_agent.cgroups import CgroupManager, NoCgroups
 from lattice_agent.handle import AllocHandle, new_log_tail
 from lattice_agent.lifecycle import (
     PHASE_EXITED,
@@ -87,8 +88,11 @@ class ProcessRuntime:
         clock: Callable[[], float] = time.time,
         subreaper: bool = True,
         slurm_env: bool = True,
+        cgroups: CgroupManager | None = None,
     ) -> None:
         self._node_id = node_id
+        # per-allocation cgroup scopes (lattice_agent.cgroups); None: none (bare groups)
+        self._cgroups = cgroups if cgroups is not None else NoCgroups("not configured")
         self._slurm_env = slurm_env  # compat.slurm_env: SLURM_* variables in allocations
         self._work_dir = Path(work_dir).absolute()
         self._log_dir = Path(log_dir).absolute()
@@ -130,6 +134,7 @@ class ProcessRuntime:
             rec = AllocHandle.recovered(saved, ring_lines=self._ring_lines, clock=self._clock)
             self._allocs[rec.id] = rec
             loaded.append(rec)
+        self._remove_orphan_scopes(loaded)
         # every record is in place before any instruction persists the state file
         finishing: list[asyncio.Task[None]] = []
         for rec in loaded:
@@ -326,10 +331,23 @@ class ProcessRuntime:
         alloc, nodelist = rec.launch
         rec.launch = None
         nodes = nodelist or list(alloc.assigned_nodes) or [self._node_id]
+        cg = self._cgroups
+        scope = None
         try:
-            launched = spawn(alloc, nodes, self._node_id, rec.paths, slurm_env=self._slurm_env)
+            # the scope exists before the process: the wrapper joins it before anything runs
+            scope = cg.create(alloc.id, cg.limits(alloc))
+            launched = spawn(
+                alloc,
+                nodes,
+                self._node_id,
+                rec.paths,
+                slurm_env=self._slurm_env,
+                procs_files=cg.procs_files(scope),
+            )
         except (OSError, ValueError) as e:
             log.error("could not start allocation %s: %s", alloc.id, e)
+            if scope is not None or cg.available:
+                cg.remove(scope or cg.scope(alloc.id))
             rec.done.set()
             rec.logs.drained = True
             self._allocs[alloc.id] = rec
@@ -376,7 +394,44 @@ class ProcessRuntime:
         if not await group.reap(_REAP_TIMEOUT):
             log.warning("allocation %s: process group %d still has members", rec.id, group.pgid)
         exit_file_code = read_exit_file(rec.paths.exit_file)
-        self._feed(rec, lc.Reaped(exit_file_code=exit_file_code, wait_code=group.wait_code))
+        oom, peak = await asyncio.to_thread(self._finish_scope, rec.id)
+        self._feed(
+            rec,
+            lc.Reaped(
+                exit_file_code=exit_file_code,
+                wait_code=group.wait_code,
+                oom_killed=oom,
+                peak_memory_bytes=peak,
+            ),
+        )
+
+    def _finish_scope(self, alloc_id: str) -> tuple[bool, int | None]:
+        """Read the scope's OOM count and peak memory, then remove it (what escaped the
+        process group is killed there). (False, None) without cgroups."""
+        cg = self._cgroups
+        if not cg.available:
+            return False, None
+        scope = cg.scope(alloc_id)
+        if not cg.exists(scope):
+            return False, None
+        oom = cg.oom_killed(scope)
+        peak = cg.usage(scope).memory_peak
+        if oom:
+            log.warning("allocation %s: OOM kill in its cgroup (peak %s bytes)", alloc_id, peak)
+        if not cg.remove(scope):
+            log.warning("allocation %s: cgroup scope not fully removed", alloc_id)
+        return oom, peak
+
+    def _remove_orphan_scopes(self, loaded: list[AllocHandle]) -> None:
+        """At start: scopes with no live state entry are killed and removed (crash recovery);
+        those of allocations still running (reattached or to be reaped) are kept."""
+        cg = self._cgroups
+        if not cg.available:
+            return
+        known = {rec.id for rec in loaded if rec.life.status != Status.EXITED}
+        for scope in cg.orphans(known):
+            log.warning("removing orphaned cgroup scope of allocation %s", scope.alloc_id)
+            cg.remove(scope)
 
     def _report(self, rec: AllocHandle, ins: lc.Report) -> None:
         if ins.phase == PHASE_EXITED:

@@ -52,12 +52,19 @@ _SHELL = "/bin/sh"
 #: in the allocation's work dir: its agent socket (lattice_agent.hydra) and Hydra's host file
 AGENT_SOCKET = "agent.sock"
 HYDRA_HOST_FILE = "hydra-hosts"
-# argv: $0=lattice-wrapper $1=cwd $2=exit file, then the command (/bin/sh -c <entrypoint>).
-# `trap : TERM` catches SIGTERM in the wrapper only (reset to default by exec in the child).
+# argv: $0=lattice-wrapper $1=cwd $2=exit file $3=N, then N cgroup procs files, then the
+# command (/bin/sh -c <entrypoint>). The wrapper first writes its own pid into every procs
+# file (joins the allocation's cgroup; `echo` is a builtin, so nothing has forked yet and
+# everything the job starts is born inside); a failed join ends it with 125 before the
+# command runs. `trap : TERM` catches SIGTERM in the wrapper only (reset by exec in the child).
 _WRAPPER = (
     "trap : TERM; "
-    'cd "$1" || { echo 126 > "$2"; exit 126; }; '
-    'f=$2; shift 2; "$@"; rc=$?; '
+    "d=$1; f=$2; n=$3; shift 3; "
+    'while [ "$n" -gt 0 ]; do '
+    'echo "$$" > "$1" || { echo "[lattice] could not join cgroup $1" >&2; '
+    'echo 125 > "$f"; exit 125; }; shift; n=$((n - 1)); done; '
+    'cd "$d" || { echo 126 > "$f"; exit 126; }; '
+    '"$@"; rc=$?; '
     'echo "$rc" > "$f"; exit "$rc"'
 )
 
@@ -299,8 +306,12 @@ def spawn(
     paths: AllocPaths,
     *,
     slurm_env: bool = True,
+    procs_files: list[Path] | tuple[Path, ...] = (),
 ) -> Launched:
-    """Start ``alloc``'s wrapper in a new session. Raises OSError/ValueError when it cannot."""
+    """Start ``alloc``'s wrapper in a new session. Raises OSError/ValueError when it cannot.
+
+    ``procs_files``: the ``cgroup.procs`` files of the allocation's cgroup scope (one on v2,
+    one per controller on v1); the wrapper joins them before anything else runs."""
     spec = alloc.spec
     out_fd = err_fd = -1
     try:
@@ -327,6 +338,8 @@ def spawn(
             "lattice-wrapper",
             cwd,
             str(paths.exit_file),
+            str(len(procs_files)),
+            *(str(p) for p in procs_files),
             _SHELL,
             "-c",
             spec.entrypoint,

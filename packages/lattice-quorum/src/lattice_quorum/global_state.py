@@ -9,7 +9,15 @@ classes.
 from __future__ import annotations
 
 import msgspec
-from lattice_common.types import Allocation, Dag, Node, Session, Tenant, VCluster
+from lattice_common.types import (
+    Allocation,
+    Dag,
+    Node,
+    ServiceEndpoint,
+    Session,
+    Tenant,
+    VCluster,
+)
 
 
 class GlobalState(msgspec.Struct, kw_only=True):
@@ -33,6 +41,9 @@ class GlobalState(msgspec.Struct, kw_only=True):
     active: dict[str, None] = msgspec.field(default_factory=dict)
     # System-wide hard limit on nodes claimed for sensitive use (None = no limit)
     sensitive_pool_size: int | None = None
+    # The service registry: service name -> endpoints of running allocations that
+    # expose it (kept by handlers.services on every allocation change)
+    services: dict[str, list[ServiceEndpoint]] = msgspec.field(default_factory=dict)
 
 
 class Changes(msgspec.Struct, kw_only=True):

@@ -20,6 +20,7 @@ from lattice_common.types import (
     Dag,
     Node,
     NodeState,
+    ServiceEndpoint,
     Session,
     Tenant,
     VCluster,
@@ -358,3 +359,26 @@ def user_sessions(s: GlobalState, user: str | None) -> list[tuple[Session, Alloc
             a = s.allocations.get(sess.allocation_id)
             out.append((_copy(sess), None if a is None else _copy(a)))
     return out
+
+
+# --- service registry -----------------------------------------------------------------------
+
+
+def services(
+    s: GlobalState, tenants: Collection[str] | None = None
+) -> dict[str, list[ServiceEndpoint]]:
+    """The registry (copies), by name: the endpoints of ``tenants``' allocations (all when
+    None); names with no endpoint left after the filter are not listed."""
+    out: dict[str, list[ServiceEndpoint]] = {}
+    for name in sorted(s.services):
+        eps = [_copy(e) for e in s.services[name] if tenants is None or e.tenant in tenants]
+        if eps:
+            out[name] = eps
+    return out
+
+
+def service(
+    s: GlobalState, name: str, tenants: Collection[str] | None = None
+) -> list[ServiceEndpoint]:
+    """The endpoints (copies) registered under ``name`` for ``tenants`` (all when None)."""
+    return [_copy(e) for e in s.services.get(name, ()) if tenants is None or e.tenant in tenants]

@@ -21,7 +21,15 @@ from lattice_common import commands as c
 from lattice_common.errors import LatticeError, ValidationError
 
 from lattice_quorum.global_state import Changes, GlobalState, allocation_id_for
-from lattice_quorum.handlers import allocations, assignment, dags, nodes, sessions, tenancy
+from lattice_quorum.handlers import (  # services: installs the registry hook
+    allocations,
+    assignment,
+    dags,
+    nodes,
+    services,  # noqa: F401
+    sessions,
+    tenancy,
+)
 
 __all__ = ["Changes", "GlobalState", "allocation_id_for", "apply"]
 

@@ -474,6 +474,19 @@ class LatticeClient:
         """End a session: its allocation is cancelled."""
         return await self._call("DELETE", f"/sessions/{_seg(session_id)}")
 
+    # ------------------------------------------------------------------ services
+
+    async def list_services(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """Registered services ``[{name, endpoints: [{allocation_id, node_id, address,
+        port, tenant}]}]`` visible to the caller (its tenant's; an admin's: every
+        tenant's, or ``tenant``'s)."""
+        data = await self._call("GET", "/services", params={"tenant": tenant})
+        return list(data.get("services", []))
+
+    async def lookup_service(self, name: str, tenant: str | None = None) -> dict[str, Any]:
+        """``{name, endpoints}`` of one service; NotFound when none is registered."""
+        return await self._call("GET", f"/services/{_seg(name)}", params={"tenant": tenant})
+
     # ------------------------------------------------------------------ nodes
 
     async def list_nodes(self, state: str | None = None) -> list[Node]:

@@ -78,6 +78,11 @@ class AllocationSpec(_Record):
     wait_for_capacity: bool = False
     # run after other allocations: [{"ref": ID, "condition": "success"|"failure"|"any"}]
     depends_on: list[dict[str, str]] = field(default_factory=list)
+    # services: {"probe_type": "http"|"tcp", "port", "path", "period_secs",
+    # "initial_delay_secs", "failure_threshold", "timeout_secs"}
+    liveness_probe: dict[str, Any] | None = None
+    # named ports registered in the service registry while it runs: [{"name", "port"}]
+    expose: list[dict[str, Any]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -113,6 +118,8 @@ class AllocationSpec(_Record):
             "min_nodes": self.min_nodes,
             "wait_for_capacity": self.wait_for_capacity or None,
             "depends_on": [dict(d) for d in self.depends_on or []],
+            "liveness_probe": dict(self.liveness_probe) if self.liveness_probe else None,
+            "expose": [dict(e) for e in self.expose or []],
         }
         if not self.walltime and self.walltime_seconds:
             optional["walltime_seconds"] = self.walltime_seconds

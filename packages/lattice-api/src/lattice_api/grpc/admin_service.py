@@ -1,5 +1,5 @@
-"""gRPC adapter of AdminService: tenants, vClusters, Raft status (AdminOps) and the
-usage RPCs (UsageOps)."""
+"""gRPC adapter of AdminService: tenants, vClusters, Raft status (AdminOps), the
+usage RPCs (UsageOps) and service discovery (ServiceOps)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from lattice_common.wire import from_message, to_message
 from lattice_api.grpc.context import update_fields, who
 from lattice_api.ops.admin import AdminOps
 from lattice_api.ops.queue import QueueOps
+from lattice_api.ops.services import ServiceOps
 from lattice_api.ops.usage import UsageOps
 
 
@@ -22,10 +23,13 @@ def _record_body(record: Tenant | VCluster) -> dict[str, object]:
 
 
 class AdminService(v1.AdminServiceBase):
-    def __init__(self, ops: AdminOps, usage: UsageOps, queue: QueueOps) -> None:
+    def __init__(
+        self, ops: AdminOps, usage: UsageOps, queue: QueueOps, services: ServiceOps
+    ) -> None:
         self.ops = ops
         self.usage = usage
         self.queue = queue
+        self.services = services
 
     # --- the queue view -------------------------------------------------------------
 
@@ -135,6 +139,17 @@ class AdminService(v1.AdminServiceBase):
             gpu_hours=d["gpu_hours"],
             allocations=d["allocations"],
         )
+
+    # --- service discovery (tenant: the caller's, from its token or x-lattice-tenant) ----
+
+    async def lookup_service(self, message: v1.LookupServiceRequest) -> v1.LookupServiceResponse:
+        svc = self.services.lookup(who(), message.name)
+        return v1.LookupServiceResponse(
+            name=svc.name, endpoints=[to_message(e, v1.ServiceEndpoint) for e in svc.endpoints]
+        )
+
+    async def list_services(self, message: v1.ListServicesRequest) -> v1.ListServicesResponse:
+        return v1.ListServicesResponse(names=[s.name for s in self.services.list_services(who())])
 
 
 __all__ = ["AdminService"]

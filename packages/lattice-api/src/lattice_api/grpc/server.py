@@ -99,7 +99,7 @@ def build_grpc_server(ops: Operations, auth: Authenticator) -> Server:
         [
             AllocationService(ops.allocations, ops.launches, ops.dags, ops.attach, ops.sessions),
             NodeService(ops.nodes),
-            AdminService(ops.admin, ops.usage, ops.queue),
+            AdminService(ops.admin, ops.usage, ops.queue, ops.services),
             QuorumService(ops.quorum),
         ]
     )

@@ -17,6 +17,7 @@ from lattice_api.rest import (
     nodes,
     public,
     queue,
+    services,
     sessions,
     usage,
 )
@@ -37,6 +38,7 @@ def build_rest_app(ops: Operations, auth: Authenticator) -> web.Application:
         admin,
         usage,
         queue,
+        services,
     ):
         routes.add_routes(app.router, ops)
     return app

@@ -31,6 +31,9 @@ from lattice_quorum.global_state import Changes, GlobalState, allocation_id_for
 #: ``handlers.dags`` when it is imported (it builds on ``finish``, so ``finish`` cannot
 #: import it); ``state`` imports every handler module, so apply always has it.
 on_ended: Callable[[GlobalState, Allocation, float, Changes], None] | None = None
+#: What every change of an allocation means for the service registry: set by
+#: ``handlers.services`` when it is imported (same reason as ``on_ended``).
+on_touched: Callable[[GlobalState, Allocation], None] | None = None
 
 
 def bump(state: GlobalState) -> int:
@@ -45,6 +48,8 @@ def touch_alloc(state: GlobalState, a: Allocation, ch: Changes) -> None:
         state.active[a.id] = None
     else:
         state.active.pop(a.id, None)
+    if on_touched is not None and a.spec.expose:
+        on_touched(state, a)
 
 
 def touch_node(state: GlobalState, n: Node, ch: Changes) -> None:

@@ -49,6 +49,7 @@ __all__ = (
     "DiagnosticCheck",
     "Diagnostics",
     "ErrorDetail",
+    "ExposedPort",
     "GetAccountingUsageRequest",
     "GetAccountingUsageResponse",
     "GetAllocationRequest",
@@ -422,6 +423,11 @@ class AllocationReport(betterproto2.Message):
     process exit
     """
 
+    peak_memory_bytes: "int | None" = betterproto2.field(8, betterproto2.TYPE_INT64, optional=True)
+    """
+    the allocation cgroup's peak memory, once exited
+    """
+
 
 default_message_pool.register_message("lattice.v1", "AllocationReport", AllocationReport)
 
@@ -559,6 +565,11 @@ class AllocationSpec(betterproto2.Message):
     )
     """
     for unbounded/reactive services
+    """
+
+    expose: "list[ExposedPort]" = betterproto2.field(33, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    connectivity.expose: named service ports
     """
 
 
@@ -1439,6 +1450,32 @@ class ErrorDetail(betterproto2.Message):
 
 
 default_message_pool.register_message("lattice.v1", "ErrorDetail", ErrorDetail)
+
+
+@dataclass(eq=False, repr=False)
+class ExposedPort(betterproto2.Message):
+    """
+    A named port a service allocation exposes (spec: connectivity.expose); mirrors
+    lattice_common.types.ExposedPort. Registered in the service registry while it runs.
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    service name (LookupService)
+    """
+
+    port: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+    """
+    1-65535
+    """
+
+    protocol: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    e.g. "http"; "" = unspecified
+    """
+
+
+default_message_pool.register_message("lattice.v1", "ExposedPort", ExposedPort)
 
 
 @dataclass(eq=False, repr=False)
@@ -2432,7 +2469,8 @@ default_message_pool.register_message("lattice.v1", "ListVClustersResponse", Lis
 @dataclass(eq=False, repr=False)
 class LivenessProbeSpec(betterproto2.Message):
     """
-    Scheduler hint for a liveness check of a service allocation (spec: API Design).
+    A liveness check of a service allocation, run by the agent of its head node (spec:
+    API Design, Liveness Probe Schema); mirrors lattice_common.types.LivenessProbeSpec.
     """
 
     probe_type: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
@@ -2450,21 +2488,26 @@ class LivenessProbeSpec(betterproto2.Message):
     HTTP path (e.g., "/healthz")
     """
 
-    period_secs: "int" = betterproto2.field(4, betterproto2.TYPE_UINT32)
+    period_secs: "int | None" = betterproto2.field(4, betterproto2.TYPE_UINT32, optional=True)
     """
-    default: 30
-    """
-
-    initial_delay_secs: "int" = betterproto2.field(5, betterproto2.TYPE_UINT32)
-
-    failure_threshold: "int" = betterproto2.field(6, betterproto2.TYPE_UINT32)
-    """
-    default: 3
+    unset = 30
     """
 
-    timeout_secs: "int" = betterproto2.field(7, betterproto2.TYPE_UINT32)
+    initial_delay_secs: "int | None" = betterproto2.field(
+        5, betterproto2.TYPE_UINT32, optional=True
+    )
     """
-    default: 5
+    unset = 10; 0 = probe at once
+    """
+
+    failure_threshold: "int | None" = betterproto2.field(6, betterproto2.TYPE_UINT32, optional=True)
+    """
+    unset = 3
+    """
+
+    timeout_secs: "int | None" = betterproto2.field(7, betterproto2.TYPE_UINT32, optional=True)
+    """
+    unset = 5
     """
 
 
