@@ -147,3 +147,12 @@ async def test_launch_refusals_over_grpc(served) -> None:  # type: ignore[no-unt
     )
     # n1 was registered without an agent address: nothing can be started there
     assert code == "UNAVAILABLE" and "n1 has no reachable agent" in err["message"]
+
+
+def test_end_of_two_aborts_is_the_earlier_ones() -> None:
+    # rank 3 called MPI_Abort(7) on b; rank 1 on a lost its connection to rank 3 and
+    # failed on its own (15) just before b's abort reached a
+    mpi_abort = _done(7, {2: 137, 3: 7}, aborted=True, failed_node="b", aborted_at=100.0)
+    knock_on = _done(15, {0: 137, 1: 15}, aborted=True, failed_node="a", aborted_at=100.02)
+    done = merge_done(["a", "b"], {"a": knock_on, "b": mpi_abort}, {})
+    assert (done.exit_status, done.failed_node) == (7, "b")

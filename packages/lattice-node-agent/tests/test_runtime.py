@@ -433,7 +433,8 @@ async def test_spawn_failure_is_reported_as_exited(env: Env) -> None:
     rt, changes = env.runtime()
     await rt.start(make_alloc("nope", "true", env={"BAD=NAME": "x"}), nodelist=["n1"])
     r = report_of(rt, "nope")
-    assert (r.phase, r.reason, r.exit_code) == ("exited", "spawn_failed", None)
+    assert (r.phase, r.exit_code) == ("exited", None)
+    assert r.reason.startswith("spawn_failed: ")
     assert changes == [r]
     with pytest.raises(ValueError):
         await rt.start(make_alloc("../escape", "true"), nodelist=["n1"])

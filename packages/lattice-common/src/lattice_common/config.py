@@ -352,6 +352,22 @@ class NodeAgentConfig(_Section):
     pids_max: int = Field(
         default=4096, ge=0, description="processes+threads per allocation (0 = no limit)"
     )
+    # uenv SquashFS environments (lattice_agent.uenv): a directory registry with index.json
+    # (name/version[:tag] -> {file, sha256, size}), images copied into a node-local cache
+    # (verified against sha256, LRU-evicted above the limit, in-use images kept) and
+    # mounted read-only in the allocation's own mount namespace.
+    uenv_registry: str = Field(
+        default="", description="uenv registry directory; empty = uenv disabled on this node"
+    )
+    uenv_cache_dir: str = Field(
+        default="/var/cache/lattice/uenv", description="node-local cache of uenv images"
+    )
+    uenv_cache_max_bytes: int = Field(
+        default=50 * 1024**3, ge=0, description="LRU eviction above this many cached bytes"
+    )
+    uenv_mount_point: str = Field(
+        default="/user-environment", description="where a job sees its uenv image (read-only)"
+    )
 
     @field_validator("grpc_listen")
     @classmethod

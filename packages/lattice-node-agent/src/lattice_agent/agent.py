@@ -41,6 +41,7 @@ from lattice_agent.probes import REASON_LIVENESS_PROBE_FAILED, ProbeManager
 from lattice_agent.reconcile import Forget, Start, Stop, reconcile
 from lattice_agent.runtime import ProcessRuntime
 from lattice_agent.service import NodeAgentService, require_token
+from lattice_agent.uenv import UenvCache
 
 log = logging.getLogger("lattice.agent")
 
@@ -82,6 +83,7 @@ class Agent:
         pmi_tree_fanout: int = 128,
         slurm_env: bool = True,
         cgroups: CgroupManager | None = None,
+        uenv: UenvCache | None = None,
     ) -> None:
         self.node_id = node_id
         self.endpoints = endpoints
@@ -115,6 +117,7 @@ class Agent:
             on_change=self._on_runtime_change,
             slurm_env=slurm_env,
             cgroups=cgroups,
+            uenv=uenv,
         )
         #: the allocations the desired state assigns to this node, by id
         self.assigned: dict[str, Allocation] = {}

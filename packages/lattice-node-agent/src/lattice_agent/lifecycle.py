@@ -99,6 +99,7 @@ class Spawned(msgspec.Struct, frozen=True):
 
 class SpawnFailed(msgspec.Struct, frozen=True, kw_only=True):
     at: float
+    message: str = ""  # the cause, appended to the reason: "spawn_failed: <message>"
 
 
 class Exited(msgspec.Struct, frozen=True, kw_only=True):
@@ -281,10 +282,9 @@ def _spawned(rec: Lifecycle, event: Spawned, grace: float) -> Step:
 def _spawn_failed(rec: Lifecycle, event: SpawnFailed, grace: float) -> Step:
     if rec.status != Status.ASSIGNED:
         return rec, []
-    rec = msgspec.structs.replace(
-        rec, status=Status.EXITED, reason=REASON_SPAWN_FAILED, finished_at=event.at
-    )
-    return rec, [Persist(), Report(phase=PHASE_EXITED, reason=REASON_SPAWN_FAILED)]
+    reason = f"{REASON_SPAWN_FAILED}: {event.message}" if event.message else REASON_SPAWN_FAILED
+    rec = msgspec.structs.replace(rec, status=Status.EXITED, reason=reason, finished_at=event.at)
+    return rec, [Persist(), Report(phase=PHASE_EXITED, reason=reason)]
 
 
 def _walltime_timer(rec: Lifecycle) -> list[Instruction]:

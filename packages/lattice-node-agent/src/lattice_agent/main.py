@@ -131,6 +131,14 @@ async def run(args: argparse.Namespace) -> None:
         pids_max=na.pids_max or None,
     )
     announce_cgroups(cgroups)
+    from lattice_agent.uenv import UenvCache, UenvRegistry
+
+    uenv = UenvCache(
+        UenvRegistry(na.uenv_registry) if na.uenv_registry else None,
+        na.uenv_cache_dir,
+        na.uenv_cache_max_bytes,
+        mount_point=na.uenv_mount_point,
+    )
     agent = Agent(
         node_id=args.node_id or hostname(),
         endpoints=Endpoints(args.quorum_endpoint),
@@ -157,6 +165,7 @@ async def run(args: argparse.Namespace) -> None:
         pmi_tree_fanout=na.pmi_tree_fanout,
         slurm_env=cfg.compat.slurm_env,
         cgroups=cgroups,
+        uenv=uenv,
     )
     await run_until_signal(agent.run())
 

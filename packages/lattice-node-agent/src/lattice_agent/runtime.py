@@ -49,6 +49,7 @@ from lattice_agent.logtail import STREAMS, LogRecord, LogTail, check_stream, tai
 from lattice_agent.persist import StateFile, from_entry, to_entry
 from lattice_agent.procgroup import ProcessGroup, become_subreaper
 from lattice_agent.spawn import AllocPaths, check_alloc_id, read_exit_file, spawn
+from lattice_agent.uenv import UenvCache, UenvError
 
 log = logging.getLogger("lattice.agent.runtime")
 
@@ -89,10 +90,13 @@ class ProcessRuntime:
         subreaper: bool = True,
         slurm_env: bool = True,
         cgroups: CgroupManager | None = None,
+        uenv: UenvCache | None = None,
     ) -> None:
         self._node_id = node_id
         # per-allocation cgroup scopes (lattice_agent.cgroups); None: none (bare groups)
         self._cgroups = cgroups if cgroups is not None else NoCgroups("not configured")
+        # uenv image cache (lattice_agent.uenv); None: a job asking for a uenv fails to start
+        self._uenv = uenv if uenv is not None else UenvCache(None, work_dir, 0)
         self._slurm_env = slurm_env  # compat.slurm_env: SLURM_* variables in allocations
         self._work_dir = Path(work_dir).absolute()
         self._log_dir = Path(log_dir).absolute()
@@ -336,6 +340,10 @@ class ProcessRuntime:
         try:
             # the scope exists before the process: the wrapper joins it before anything runs
             scope = cg.create(alloc.id, cg.limits(alloc))
+            uenv = None
+            if alloc.spec.uenv:
+                image = self._uenv.acquire(alloc.spec.uenv, alloc.id)
+                uenv = (image, self._uenv.mount_point)
             launched = spawn(
                 alloc,
                 nodes,
@@ -343,15 +351,17 @@ class ProcessRuntime:
                 rec.paths,
                 slurm_env=self._slurm_env,
                 procs_files=cg.procs_files(scope),
+                uenv=uenv,
             )
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, UenvError) as e:
             log.error("could not start allocation %s: %s", alloc.id, e)
+            self._uenv.release(alloc.id)
             if scope is not None or cg.available:
                 cg.remove(scope or cg.scope(alloc.id))
             rec.done.set()
             rec.logs.drained = True
             self._allocs[alloc.id] = rec
-            return lc.SpawnFailed(at=self._clock())
+            return lc.SpawnFailed(at=self._clock(), message=str(e))
         rec.group = ProcessGroup(
             alloc.id, launched.pid, proc_start=launched.proc_start, is_child=True
         )
@@ -395,6 +405,7 @@ class ProcessRuntime:
             log.warning("allocation %s: process group %d still has members", rec.id, group.pgid)
         exit_file_code = read_exit_file(rec.paths.exit_file)
         oom, peak = await asyncio.to_thread(self._finish_scope, rec.id)
+        self._uenv.release(rec.id)  # its mount namespace is gone with the group
         self._feed(
             rec,
             lc.Reaped(

@@ -18,6 +18,10 @@ what the runtime must remember to find the process again after an agent restart.
   user command sees the normal disposition.
 * **Its own session.** ``setsid`` makes the wrapper's pid the pgid of everything the job
   starts, which is what the process-group control (``procgroup.py``) signals and reaps.
+* **A uenv in its own mount namespace.** With a uenv image the wrapper is started by
+  ``unshare --mount --propagation private`` and mounts the image read-only at the mount
+  point before the command runs; spawn() waits for its "mounted" answer on a pipe. Only
+  the job's processes see the mount, and it ends with the namespace (the last process).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import shlex
 import shutil
 import signal
 import sysconfig
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +46,7 @@ __all__ = [
     "HYDRA_HOST_FILE",
     "AllocPaths",
     "Launched",
+    "UenvMountError",
     "check_alloc_id",
     "environment",
     "job_name",
@@ -67,6 +73,30 @@ _WRAPPER = (
     '"$@"; rc=$?; '
     'echo "$rc" > "$f"; exit "$rc"'
 )
+# The uenv variant, run by `unshare --mount --propagation private` (which execs it, so its
+# pid is still the session leader): argv $1=cwd $2=exit file $3=image $4=mount point $5=N,
+# then the procs files and the command. After joining the cgroup it mounts the image
+# read-only in the job's own mount namespace and tells spawn() on fd 3 ("ok" or the
+# error), then closes fd 3 so the job never inherits it. The namespace, and the mount,
+# go away with the job's last process: nothing is ever mounted on the host.
+_WRAPPER_UENV = (
+    "trap : TERM; "
+    "d=$1; f=$2; img=$3; mp=$4; n=$5; shift 5; "
+    'while [ "$n" -gt 0 ]; do '
+    'echo "$$" > "$1" || { echo "could not join cgroup $1" >&3; '
+    'echo 125 > "$f"; exit 125; }; shift; n=$((n - 1)); done; '
+    'err=$(mkdir -p "$mp" 2>&1 && mount -t squashfs -o loop,ro "$img" "$mp" 2>&1) || '
+    '{ echo "could not mount uenv image $img at $mp: $err" >&3; echo 124 > "$f"; exit 124; }; '
+    "echo ok >&3; exec 3>&-; "
+    'cd "$d" || { echo 126 > "$f"; exit 126; }; '
+    '"$@"; rc=$?; '
+    'echo "$rc" > "$f"; exit "$rc"'
+)
+_UENV_MOUNT_TIMEOUT = 60.0  # seconds the wrapper may take to say whether the mount worked
+
+
+class UenvMountError(OSError):
+    """The wrapper could not mount the allocation's uenv image (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -299,6 +329,52 @@ def _high_fd(fd: int) -> int:
         os.close(fd)
 
 
+def _unshare() -> str:
+    found = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    if not found:
+        raise UenvMountError("cannot mount a uenv: unshare (util-linux) not found")
+    return found
+
+
+def _ready_pipe() -> tuple[int, int]:
+    """The wrapper's "mounted" pipe; the write end kept above fd 3 so the dup2 onto 3 is a
+    real dup (which clears close-on-exec)."""
+    import fcntl
+
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        high = fcntl.fcntl(w, fcntl.F_DUPFD_CLOEXEC, 10)
+    finally:
+        os.close(w)
+    return r, high
+
+
+def _wait_mounted(pid: int, ready_r: int) -> None:
+    """Read the wrapper's answer on the pipe; anything but "ok" -> reap it and raise."""
+    import select
+
+    data = b""
+    deadline = time.monotonic() + _UENV_MOUNT_TIMEOUT
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([ready_r], [], [], left)[0]:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise UenvMountError(f"uenv mount did not finish in {_UENV_MOUNT_TIMEOUT:.0f}s")
+        chunk = os.read(ready_r, 4096)
+        if not chunk:
+            break
+        data += chunk
+    answer = data.decode(errors="replace").strip()
+    if answer == "ok":
+        return
+    _, status = os.waitpid(pid, 0)
+    if not answer:
+        answer = f"the wrapper ended before mounting the uenv (wait status {status})"
+    raise UenvMountError(answer)
+
+
 def spawn(
     alloc: Allocation,
     nodes: list[str],
@@ -307,13 +383,18 @@ def spawn(
     *,
     slurm_env: bool = True,
     procs_files: list[Path] | tuple[Path, ...] = (),
+    uenv: tuple[Path, str] | None = None,
 ) -> Launched:
     """Start ``alloc``'s wrapper in a new session. Raises OSError/ValueError when it cannot.
 
     ``procs_files``: the ``cgroup.procs`` files of the allocation's cgroup scope (one on v2,
-    one per controller on v1); the wrapper joins them before anything else runs."""
+    one per controller on v1); the wrapper joins them before anything else runs.
+    ``uenv``: (image, mount point): the wrapper runs in its own mount namespace and mounts
+    the image there read-only; this returns once it is mounted and raises
+    :class:`UenvMountError` with the cause (the wrapper reaped) when it could not be."""
     spec = alloc.spec
     out_fd = err_fd = -1
+    ready_r = ready_w = -1
     try:
         paths.work_dir.mkdir(parents=True, exist_ok=True)
         paths.stdout.parent.mkdir(parents=True, exist_ok=True)
@@ -331,34 +412,50 @@ def spawn(
         offsets = {"stdout": os.fstat(out_fd).st_size, "stderr": os.fstat(err_fd).st_size}
         for problem in link_output_files(alloc, paths, cwd, node_id):
             os.write(err_fd, f"[lattice] {problem}\n".encode())
-        argv = [
-            _SHELL,
-            "-c",
-            _WRAPPER,
-            "lattice-wrapper",
-            cwd,
-            str(paths.exit_file),
-            str(len(procs_files)),
-            *(str(p) for p in procs_files),
-            _SHELL,
-            "-c",
-            spec.entrypoint,
+        command = [_SHELL, "-c", spec.entrypoint]
+        cgroup_args = [str(len(procs_files)), *(str(p) for p in procs_files)]
+        file_actions = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, out_fd, 1),
+            (os.POSIX_SPAWN_DUP2, err_fd, 2),
         ]
+        if uenv is None:
+            program = _SHELL
+            argv = [_SHELL, "-c", _WRAPPER, "lattice-wrapper", cwd, str(paths.exit_file)]
+        else:
+            image, mount_point = uenv
+            program = _unshare()
+            ready_r, ready_w = _ready_pipe()
+            file_actions.append((os.POSIX_SPAWN_DUP2, ready_w, 3))
+            argv = [
+                program,
+                "--mount",
+                "--propagation",
+                "private",
+                _SHELL,
+                "-c",
+                _WRAPPER_UENV,
+                "lattice-wrapper",
+                cwd,
+                str(paths.exit_file),
+                str(image),
+                mount_point,
+            ]
         pid = os.posix_spawn(
-            _SHELL,
-            argv,
+            program,
+            [*argv, *cgroup_args, *command],
             env,
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, out_fd, 1),
-                (os.POSIX_SPAWN_DUP2, err_fd, 2),
-            ],
+            file_actions=file_actions,
             setsid=True,
             setsigmask=(),
             setsigdef=_signals_to_reset(),
         )
+        if ready_w >= 0:
+            os.close(ready_w)
+            ready_w = -1
+            _wait_mounted(pid, ready_r)
     finally:
-        for fd in (out_fd, err_fd):
+        for fd in (out_fd, err_fd, ready_r, ready_w):
             if fd >= 0:
                 os.close(fd)
     st = proc_stat(pid)

@@ -111,10 +111,11 @@ def merge_done(
         codes.update(d.rank_exit_codes)
     aborted = [done[n] for n in node_ids if n in done and done[n].aborted]
     if aborted:
-        # the node where the abort started says best what happened
-        origin = next(
-            (done[n] for n in node_ids if n in done and done[n].failed_node == n), aborted[0]
-        )
+        # the node where the first abort started says best what happened: an MPI_Abort
+        # makes its peers' ranks fail too (their connections to it break) and those
+        # nodes may abort on their own before the abort reaches them
+        origins = [done[n] for n in node_ids if n in done and done[n].failed_node == n]
+        origin = min(origins, key=lambda d: d.aborted_at or float("inf"), default=aborted[0])
         return v1.LaunchDone(
             exit_status=origin.exit_status or 1,
             aborted=True,

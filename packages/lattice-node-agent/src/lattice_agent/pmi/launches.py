@@ -375,6 +375,7 @@ class LaunchManager:
             failed_rank=-1 if failed_rank is None else failed_rank,
             failed_node=failed_node,
             rank_exit_codes=dict(result.rank_exit_codes),
+            aborted_at=result.aborted_at,
         )
 
     def _on_output(self, al: AgentLaunch, line: OutputLine) -> None:

@@ -30,6 +30,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,6 +121,8 @@ class LaunchResult:
     aborted: bool = False
     abort_rank: int | None = None
     reason: str = ""
+    #: when the (first) abort happened, epoch seconds (0.0 when not aborted)
+    aborted_at: float = 0.0
     #: collected output when no ``on_output`` callback was given
     output: list[OutputLine] = field(default_factory=list)
 
@@ -201,6 +204,7 @@ class LocalLaunch:
         self._output: list[OutputLine] = []
         self._rank: dict[int, _Rank] = {}
         self._aborted = False
+        self._aborted_at = 0.0
         self._abort_status = 0
         self._abort_rank: int | None = None
         self._reason = ""
@@ -436,6 +440,7 @@ class LocalLaunch:
         if self._aborted:
             return
         self._aborted = True
+        self._aborted_at = time.time()
         self._abort_status = status
         self._abort_rank = rank
         self._reason = reason
@@ -517,5 +522,6 @@ class LocalLaunch:
             aborted=self._aborted,
             abort_rank=self._abort_rank,
             reason=self._reason,
+            aborted_at=self._aborted_at if self._aborted else 0.0,
             output=self._output,
         )

@@ -1978,6 +1978,11 @@ class LaunchDone(betterproto2.Message):
     global rank -> exit code
     """
 
+    aborted_at: "float" = betterproto2.field(7, betterproto2.TYPE_DOUBLE)
+    """
+    when the abort happened here (epoch seconds); 0 = not aborted
+    """
+
 
 default_message_pool.register_message("lattice.v1", "LaunchDone", LaunchDone)
 
