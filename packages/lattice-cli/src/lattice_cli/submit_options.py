@@ -284,3 +284,40 @@ def parse_mem_gb(text: str) -> int | None:
     if mb == 0:
         return None  # Slurm: all of the node's memory; full nodes are the default here
     return max(1, math.ceil(mb / 1024))
+
+
+def parse_expose(text: str) -> dict[str, Any]:
+    """``--expose NAME:PORT`` (or ``PORT``) as the API's ``expose`` entry."""
+    name, _, port = text.strip().rpartition(":")
+    number = parse_positive_int(port, "exposed port")
+    if number > 65535:
+        raise DirectiveError(f"exposed port {number} is not a port (1-65535)")
+    return {"name": name or f"port-{number}", "port": number}
+
+
+def parse_liveness(
+    text: str,
+    *,
+    period_secs: int | None = None,
+    failure_threshold: int | None = None,
+    initial_delay_secs: int | None = None,
+) -> dict[str, Any]:
+    """``--liveness http:PORT/PATH`` or ``tcp:PORT`` as the API's ``liveness_probe``."""
+    kind, sep, rest = text.strip().partition(":")
+    kind = kind.lower()
+    hint = "Give http:PORT/PATH or tcp:PORT, e.g. http:8080/healthz."
+    if not sep or kind not in ("http", "tcp"):
+        raise DirectiveError(f"invalid liveness probe {text!r}", hint=hint)
+    port, slash, path = rest.partition("/")
+    probe: dict[str, Any] = {"probe_type": kind, "port": parse_positive_int(port, "probe port")}
+    if kind == "http":
+        probe["path"] = "/" + path if slash else "/"
+    elif slash:
+        raise DirectiveError(f"a tcp probe has no path ({text!r})", hint=hint)
+    extra = {
+        "period_secs": period_secs,
+        "failure_threshold": failure_threshold,
+        "initial_delay_secs": initial_delay_secs,
+    }
+    probe.update({k: v for k, v in extra.items() if v is not None})
+    return probe

@@ -127,6 +127,41 @@ def submit(
             "Pending, and is cancelled if a condition can no longer hold.",
         ),
     ] = None,
+    expose: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--expose",
+            help="A service port to register (repeatable): NAME:PORT or PORT, e.g. api:8080. "
+            "`lattice services` finds it while the job runs.",
+            metavar="NAME:PORT",
+        ),
+    ] = None,
+    liveness: Annotated[
+        str | None,
+        typer.Option(
+            "--liveness",
+            help="Liveness probe of a service: http:PORT/PATH or tcp:PORT, e.g. "
+            "http:8080/healthz. Failing it --liveness-threshold times in a row ends the job "
+            "Failed (liveness_probe_failed), requeued per --requeue.",
+            metavar="PROBE",
+        ),
+    ] = None,
+    liveness_period: Annotated[
+        int | None,
+        typer.Option("--liveness-period", help="Seconds between probes (default 30).", min=1),
+    ] = None,
+    liveness_threshold: Annotated[
+        int | None,
+        typer.Option(
+            "--liveness-threshold", help="Failures in a row that end it (default 3).", min=1
+        ),
+    ] = None,
+    liveness_delay: Annotated[
+        int | None,
+        typer.Option(
+            "--liveness-delay", help="Seconds before the first probe (default 10).", min=0
+        ),
+    ] = None,
     wait_for_capacity: Annotated[
         bool,
         typer.Option(
@@ -232,6 +267,22 @@ def submit(
         min_nodes=min_nodes,
         wait_for_capacity=wait_for_capacity,
     )
+    try:
+        spec.expose = [d.parse_expose(e) for e in expose or []]
+        if liveness:
+            spec.liveness_probe = d.parse_liveness(
+                liveness,
+                period_secs=liveness_period,
+                failure_threshold=liveness_threshold,
+                initial_delay_secs=liveness_delay,
+            )
+        elif liveness_period or liveness_threshold or liveness_delay is not None:
+            raise d.DirectiveError(
+                "--liveness-period/-threshold/-delay need --liveness",
+                hint="e.g. --liveness=http:8080/healthz --liveness-period=10",
+            )
+    except d.DirectiveError as exc:
+        fail(exc.message, hint=exc.hint, code=2)
     fmt = state.output(output)
     if dry_run:
         emit(state, "yaml" if fmt == "yaml" else "json", spec.to_dict())
