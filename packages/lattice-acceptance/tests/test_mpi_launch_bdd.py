@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import pytest
 from lattice_acceptance.world import assert_hint_line, assert_rejected, show
 from lattice_test_harness.cluster import ClusterHandle
 from lattice_test_harness.plugin import make_cluster
+from lattice_test_harness.processes import NoSsh
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [
@@ -161,39 +161,16 @@ def pending_allocation(world: World, n: int, user: str) -> None:
 # --------------------------------------------------------------------------- when
 
 
-class _NoSsh:
-    def __init__(self, seen: list[str]) -> None:
-        self.seen = seen
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            for pid in os.listdir("/proc"):
-                if pid.isdigit():
-                    try:
-                        comm = Path(f"/proc/{pid}/comm").read_text().strip()
-                    except OSError:
-                        continue
-                    if comm in ("ssh", "rsh", "sshd"):
-                        self.seen.append(comm)
-            time.sleep(0.02)
-
-
 @when(
     parsers.parse(
         '"{user}" runs the MPI rank-sum program with lattice launch -n 4 --tasks-per-node 2 --label'
     )
 )
 def run_rank_sum(world: World, user: str) -> None:
-    watch = _NoSsh(world.ssh_seen)
-    watch.thread.start()
-    try:
+    with NoSsh() as watch:
         world.launch(user, f"--alloc={world.alloc}", "-n", "4", "--tasks-per-node", "2",
                      "--label", "--", str(world.bins["ranksum"]))  # fmt: skip
-    finally:
-        watch.stop.set()
-        watch.thread.join()
+    world.ssh_seen = watch.seen
 
 
 @when(

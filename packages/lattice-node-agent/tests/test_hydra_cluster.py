@@ -14,7 +14,6 @@ import asyncio
 import os
 import stat
 import subprocess
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,6 +35,7 @@ from lattice_common.types import Allocation, AllocationState
 from lattice_test_harness import builders as b
 from lattice_test_harness.cluster import ClusterHandle
 from lattice_test_harness.plugin import make_cluster
+from lattice_test_harness.processes import NoSsh
 from mpi_programs import compile_mpi, needs_mpicc
 
 pytestmark = pytest.mark.timeout(240)
@@ -308,38 +308,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
     h = make_cluster(tmp_path_factory.mktemp("hydra"), members=1, agents=2)
     yield h
     h.cluster.stop()
-
-
-class NoSsh:
-    """Samples the process table while running: any ssh/rsh process is recorded."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for pid in os.listdir("/proc"):
-                if not pid.isdigit():
-                    continue
-                try:
-                    comm = Path(f"/proc/{pid}/comm").read_text().strip()
-                except OSError:
-                    continue
-                if comm in ("ssh", "rsh", "sshd"):
-                    self.seen.append(f"{pid}:{comm}")
-            self.samples += 1
-            time.sleep(0.02)
-
-    def __enter__(self) -> NoSsh:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 @pytest.mark.cluster

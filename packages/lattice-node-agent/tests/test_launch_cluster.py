@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from lattice_test_harness.cluster import ClusterHandle
 from lattice_test_harness.plugin import make_cluster
+from lattice_test_harness.processes import NoSsh
 from mpi_programs import compile_mpi, needs_mpicc
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240), needs_mpicc]
@@ -82,38 +83,6 @@ def _two_node_allocation(c: ClusterHandle) -> str:
     a = c.submit("sleep 300", nodes=2)
     c.wait_state(a["id"], "Running", timeout=30)
     return a["id"]
-
-
-class NoSsh:
-    """Samples the process table while running: any ssh/rsh process is recorded."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for pid in os.listdir("/proc"):
-                if not pid.isdigit():
-                    continue
-                try:
-                    comm = Path(f"/proc/{pid}/comm").read_text().strip()
-                except OSError:
-                    continue
-                if comm in ("ssh", "rsh", "sshd"):
-                    self.seen.append(f"{pid}:{comm}")
-            self.samples += 1
-            time.sleep(0.02)
-
-    def __enter__(self) -> NoSsh:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def _events(stdout: str) -> list[dict]:  # type: ignore[type-arg]
