@@ -573,8 +573,9 @@ class AttachManager:
                     if code is not None:
                         s.exit_code = code
                 _reap_orphans(s.pid)
-                members = _session_members(s.pid)
-                if not _alive(members) and s.exit_code is not None:
+                # zombies count too: one that died after the reap above, or whose
+                # reparenting to us is still under way, would otherwise be left behind
+                if not _session_members(s.pid) and s.exit_code is not None:
                     break
                 _signal_session(s.pid, signal.SIGKILL)
                 await asyncio.sleep(0.02)
