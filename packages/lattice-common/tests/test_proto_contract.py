@@ -100,6 +100,8 @@ def _spec() -> types.AllocationSpec:
         depends_on=[types.Dependency(ref="a1b2c3d4", condition="success")],
         liveness_probe=_probe(),
         expose=[types.ExposedPort(name="api", port=8080, protocol="http")],
+        view="default",
+        image="registry.example/ml/pytorch:2.4",
     )
 
 
@@ -140,6 +142,12 @@ def _allocation() -> types.Allocation:
         dag_ref="train",
         held=True,
         checkpoint_hint_at=1700000060.5,
+        staged_nodes=["x1000c0s0b0n0"],
+        excluded_nodes=["x1000c0s0b0n9"],
+        prologue_failures=1,
+        uenv_sha256="ab" * 32,
+        image_digest="sha256:" + "cd" * 32,
+        peak_memory_bytes=2**33 + 5,
         revision=2**40 + 7,  # beyond 32 bits on purpose
     )
 

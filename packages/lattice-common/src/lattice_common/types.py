@@ -234,6 +234,8 @@ class AllocationSpec(msgspec.Struct, kw_only=True):
     depends_on: list[Dependency] = msgspec.field(default_factory=list)
     liveness_probe: LivenessProbeSpec | None = None  # services (unbounded/reactive)
     expose: list[ExposedPort] = msgspec.field(default_factory=list)  # connectivity.expose
+    view: str = ""  # environment.view: a uenv view (its environment variables)
+    image: str = ""  # environment.image: OCI image registry/name:tag
 
 
 class Allocation(msgspec.Struct, kw_only=True):
@@ -260,6 +262,12 @@ class Allocation(msgspec.Struct, kw_only=True):
     dag_id: str = ""  # the DAG it belongs to, "" when submitted alone
     dag_ref: str = ""  # its DAG-local id
     held: bool = False  # Pending but waiting for its dependencies (not in any queue)
+    staged_nodes: list[str] = msgspec.field(default_factory=list)  # Staging: prologue done
+    excluded_nodes: list[str] = msgspec.field(default_factory=list)  # its prologue failed there
+    prologue_failures: int = 0
+    uenv_sha256: str = ""  # resolved by the API at submit
+    image_digest: str = ""  # sha256:... recorded by the prologue
+    peak_memory_bytes: int | None = None  # the cgroup's peak on the head node, once ended
     revision: int = 0  # GlobalState revision of the last change
 
     @property

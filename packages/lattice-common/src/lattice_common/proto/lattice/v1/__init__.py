@@ -356,6 +356,38 @@ class Allocation(betterproto2.Message):
     Pending but waiting for its dependencies (a DAG member's "Blocked")
     """
 
+    staged_nodes: "list[str]" = betterproto2.field(25, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Staging: assigned nodes whose prologue is done
+    """
+
+    excluded_nodes: "list[str]" = betterproto2.field(26, betterproto2.TYPE_STRING, repeated=True)
+    """
+    nodes whose prologue failed for it (never assigned again)
+    """
+
+    prologue_failures: "int" = betterproto2.field(27, betterproto2.TYPE_INT32)
+    """
+    prologue failures so far; Failed at node_agent.max_prologue_retries
+    """
+
+    uenv_sha256: "str" = betterproto2.field(28, betterproto2.TYPE_STRING)
+    """
+    the uenv image's digest, resolved by the API at submit
+    """
+
+    image_digest: "str" = betterproto2.field(29, betterproto2.TYPE_STRING)
+    """
+    the OCI image's digest (sha256:...), recorded by the prologue
+    """
+
+    peak_memory_bytes: "int | None" = betterproto2.field(
+        30, betterproto2.TYPE_UINT64, optional=True
+    )
+    """
+    the allocation cgroup's peak on its head node, once ended
+    """
+
 
 default_message_pool.register_message("lattice.v1", "Allocation", Allocation)
 
@@ -570,6 +602,16 @@ class AllocationSpec(betterproto2.Message):
     expose: "list[ExposedPort]" = betterproto2.field(33, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     connectivity.expose: named service ports
+    """
+
+    view: "str" = betterproto2.field(34, betterproto2.TYPE_STRING)
+    """
+    environment.view: a view of the uenv (its environment variables), "" = none
+    """
+
+    image: "str" = betterproto2.field(35, betterproto2.TYPE_STRING)
+    """
+    environment.image: OCI image registry/name:tag to run in, "" = none
     """
 
 
