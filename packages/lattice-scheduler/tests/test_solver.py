@@ -185,6 +185,18 @@ def test_skips_non_pending_excluded_and_other_vclusters() -> None:
     assert run([], nodes).proposals == []
 
 
+def test_nodes_its_prologue_failed_on_are_withheld_for_it_only() -> None:
+    nodes = {n.id: n for n in (b.node(f"n{i}") for i in range(3))}
+    bad = alloc("bad", nodes=2, submitted_at=1.0)
+    bad.excluded_nodes = ["n0"]
+    other = alloc("other", nodes=1, submitted_at=2.0)
+    res = run([bad, other], nodes)
+    assert placed(res) == {"bad": ("n1", "n2"), "other": ("n0",)}
+    bad.spec.nodes = 3
+    res = run([bad], nodes)
+    assert res.reasons == {"bad": REASON_OCCUPIED}  # never on n0, whatever it waits for
+
+
 # --- ordering ----------------------------------------------------------------------------
 
 

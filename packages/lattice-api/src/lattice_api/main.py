@@ -81,6 +81,7 @@ async def serve(
         grace_period=na.grace_period_seconds,
         sensitive_grace_period=na.sensitive_grace_period_seconds,
         borrowed_grace_period=na.borrowed_grace_period_seconds,
+        max_prologue_retries=na.max_prologue_retries,
     )
     member.on_leadership(monitor.on_leadership)
     settings = ApiSettings(

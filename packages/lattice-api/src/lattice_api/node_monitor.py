@@ -18,7 +18,14 @@ from collections.abc import Callable
 
 from lattice_common import commands as c
 from lattice_common.errors import NotLeader
-from lattice_common.types import AllocationReport, AllocationState, Node, NodeState
+from lattice_common.types import (
+    PHASE_PROLOGUE_FAILED,
+    PHASE_STAGED,
+    AllocationReport,
+    AllocationState,
+    Node,
+    NodeState,
+)
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
 from prometheus_client import Gauge, Histogram
@@ -44,6 +51,7 @@ class NodeMonitor:
         borrowed_grace_period: float = 30.0,
         check_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        max_prologue_retries: int = 3,
     ) -> None:
         self.quorum = quorum
         self.heartbeat_timeout = heartbeat_timeout
@@ -52,10 +60,12 @@ class NodeMonitor:
         self.borrowed_grace_period = borrowed_grace_period
         self.check_interval = check_interval
         self.clock = clock
+        self.max_prologue_retries = max_prologue_retries
         self.last_seen: dict[str, float] = {}
         self.sequence: dict[str, int] = {}
         self._inflight: set[str] = set()
         self._conformance_inflight: set[str] = set()
+        self._prologue_inflight: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -126,6 +136,11 @@ class NodeMonitor:
     async def handle_reports(self, node_id: str, reports: list[AllocationReport]) -> None:
         cmds: list[c.Command] = []
         for r in reports:
+            if r.phase in (PHASE_STAGED, PHASE_PROLOGUE_FAILED):
+                cmd = self._prologue(node_id, r)
+                if cmd is not None:
+                    cmds.append(cmd)
+                continue
             if r.phase != "exited" or r.allocation_id in self._inflight:
                 continue
             a = self.quorum.read(queries.allocation, r.allocation_id)
@@ -163,6 +178,7 @@ class NodeMonitor:
                     exit_code=r.exit_code,
                     started_at=r.started_at,
                     finished_at=r.finished_at,
+                    peak_memory_bytes=r.peak_memory_bytes,
                     now=time.time(),
                 )
             )
@@ -171,12 +187,43 @@ class NodeMonitor:
         ids = [
             cmd.commands[0].allocation_id if isinstance(cmd, c.Batch) else cmd.allocation_id  # type: ignore[attr-defined]
             for cmd in cmds
+            if not isinstance(cmd, c.ReportPrologue)
         ]
+        staging = [
+            (cmd.allocation_id, cmd.node_id) for cmd in cmds if isinstance(cmd, c.ReportPrologue)
+        ]
+        self._prologue_inflight.update(staging)
         self._inflight.update(ids)
         try:
             await self.quorum.propose_many(cmds)
         finally:
             self._inflight.difference_update(ids)
+            self._prologue_inflight.difference_update(staging)
+
+    def _prologue(self, node_id: str, r: AllocationReport) -> c.ReportPrologue | None:
+        """A node's prologue result for a Staging allocation, once per attempt: heartbeats
+        repeat it until the state moves on."""
+        if (r.allocation_id, node_id) in self._prologue_inflight:
+            return None
+        a = self.quorum.read(queries.allocation, r.allocation_id)
+        if (
+            a is None
+            or a.state != AllocationState.STAGING
+            or node_id not in a.assigned_nodes
+            or node_id in a.staged_nodes
+            or r.attempt != a.prologue_failures
+        ):
+            return None
+        return c.ReportPrologue(
+            allocation_id=a.id,
+            node_id=node_id,
+            ok=r.phase == PHASE_STAGED,
+            reason=r.reason,
+            attempt=r.attempt,
+            image_digest=r.image_digest,
+            max_retries=self.max_prologue_retries,
+            now=time.time(),
+        )
 
     async def _propose(self, cmd: c.Command) -> None:
         try:

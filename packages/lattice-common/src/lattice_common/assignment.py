@@ -82,6 +82,12 @@ def check_takeable(n: Node, a: Allocation, *, sensitive: bool) -> None:
             f"node {n.id} is {n.state.value}, not Ready",
             details={"node": n.id, "state": n.state.value},
         )
+    if n.id in a.excluded_nodes:
+        raise OwnershipConflict(
+            f"node {n.id} failed the prologue of allocation {a.id}",
+            details={"node": n.id, "allocation": a.id},
+            hint="It is retried on other nodes.",
+        )
     if n.claimed_by and not (sensitive and claimant(a) == n.claimed_by):
         raise OwnershipConflict(
             f"node {n.id} is claimed by user {n.claimed_by} for sensitive use",

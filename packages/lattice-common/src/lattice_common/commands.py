@@ -148,6 +148,7 @@ class UpdateAllocationState(Command, tag="update_allocation_state"):
     exit_code: int | None = None
     started_at: float | None = None
     finished_at: float | None = None
+    peak_memory_bytes: int | None = None  # the head node's cgroup peak, with the end
 
 
 class SetPendingReasons(Command, tag="set_pending_reasons"):
@@ -172,6 +173,22 @@ class RequeueAllocation(Command, tag="requeue_allocation"):
     reason: str
     expected_requeue_count: int | None = None
     preempted: bool = False
+
+
+class ReportPrologue(Command, tag="report_prologue"):
+    """A node's prologue for a Staging allocation is done (``ok``) or failed (``reason``
+    says why). Every assigned node done -> Running; a failure excludes the node for
+    this allocation and retries it elsewhere, until ``max_retries`` failures -> Failed.
+    ``attempt`` is the allocation's prologue_failures the node staged for: a report
+    about an earlier attempt changes nothing."""
+
+    allocation_id: str
+    node_id: str
+    ok: bool
+    reason: str = ""
+    attempt: int = 0
+    image_digest: str = ""
+    max_retries: int = 3
 
 
 class PreemptAllocation(Command, tag="preempt_allocation"):
@@ -250,6 +267,7 @@ AnyCommand = (
     | SetPendingReasons
     | RequeueAllocation
     | PreemptAllocation
+    | ReportPrologue
     | SetNodeHealth
     | DrainNode
     | UndrainNode

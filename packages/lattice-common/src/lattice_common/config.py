@@ -309,6 +309,24 @@ class NodeAgentConfig(_Section):
     walltime_grace_seconds: float = Field(
         default=30.0, ge=0, description="SIGTERM -> SIGKILL at walltime, cancel and preemption"
     )
+    max_prologue_retries: int = Field(
+        default=3,
+        ge=1,
+        description="prologue failures (each on another node) before an allocation is Failed",
+    )
+    prologue_script: str = Field(
+        default="",
+        description="site hook run on every node in Staging (node health checks, data "
+        "staging); non-zero exit = prologue failure",
+    )
+    epilogue_script: str = Field(
+        default="",
+        description="site hook run after an allocation's processes ended (GPU reset, "
+        "cleanups); failures are logged and counted, the node is not held",
+    )
+    prologue_timeout_seconds: float = Field(
+        default=300.0, gt=0, description="a prologue not done this long fails on that node"
+    )
     state_file: str = "/var/lib/lattice/agent-state.json"
     work_dir: str = "/var/lib/lattice/allocations"
     log_dir: str = "/var/log/lattice/allocations"

@@ -441,14 +441,20 @@ class VCluster(msgspec.Struct, kw_only=True):
     revision: int = 0
 
 
+PHASE_STAGED = "staged"  # the node's prologue for a Staging allocation is done
+PHASE_PROLOGUE_FAILED = "prologue_failed"  # ... failed; ``reason`` says why
+
+
 class AllocationReport(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What an agent reports about one allocation it runs (actual state)."""
 
     allocation_id: str
-    phase: str  # "running" | "exited"
+    phase: str  # "running" | "exited" | "staged" | "prologue_failed" (PHASE_*)
     pid: int = 0
     exit_code: int | None = None
     reason: str = ""
     started_at: float | None = None
     finished_at: float | None = None
     peak_memory_bytes: int | None = None  # the allocation cgroup's peak, once exited
+    attempt: int = 0  # staged/prologue_failed: the allocation's prologue_failures it ran for
+    image_digest: str = ""  # staged: the OCI image's digest pulled by the prologue

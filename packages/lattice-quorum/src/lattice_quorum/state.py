@@ -28,6 +28,7 @@ from lattice_quorum.handlers import (  # services: installs the registry hook
     nodes,
     services,  # noqa: F401
     sessions,
+    staging,
     tenancy,
 )
 
@@ -84,6 +85,7 @@ _HANDLERS: dict[type[c.Command], Handler] = {
     c.ReleaseNodeClaim: assignment.release_node_claim,
     c.ScaleAllocation: assignment.scale_allocation,
     c.PreemptAllocation: assignment.preempt_allocation,
+    c.ReportPrologue: staging.report_prologue,
     # tenancy
     c.CreateTenant: tenancy.create_tenant,
     c.UpdateTenant: tenancy.update_tenant,

@@ -24,6 +24,8 @@ this module does not depend on how f1..f9 are computed.
       placed in as few groups as the idle cluster would allow it (the *ideal span*)
       instead of spreading over more. ``topology: "any"`` relaxes packing: the largest
       conformance group first, group span second;
+   Nodes in the allocation's ``excluded_nodes`` (its prologue failed there) are
+   withheld from the free nodes while it is considered;
    d. if selected: a proposal; otherwise a pending reason and, for one of the first
       ``backfill_depth`` allocations blocked for capacity, a **reservation**.
 
@@ -654,6 +656,21 @@ class _Cycle:
                     raise AssertionError(f"free index out of sync at group {g}, {c!r}")
         return out
 
+    def withdraw(self, node_ids: Iterable[str]) -> list[tuple[str, tuple[float, int, Conf, int]]]:
+        """Take these nodes out of the free index for one allocation (those its prologue
+        failed on); ``put_back`` returns them."""
+        out: list[tuple[str, tuple[float, int, Conf, int]]] = []
+        for nid in node_ids:
+            loc = self.loc.pop(nid, None)
+            if loc is None:
+                continue
+            tier, g, c, s = loc
+            self.free[tier][(g, c)][s].remove(nid)
+            for w in self.sig_views.get(s, ()):
+                w.add(tier, g, c, -1)
+            out.append((nid, loc))
+        return out
+
     def put_back(self, nodes: Iterable[tuple[str, tuple[float, int, Conf, int]]]) -> None:
         for nid, loc in nodes:
             self._insert(nid, loc)
@@ -881,8 +898,12 @@ def solve(
     blocked_above = False
     now_ = now
     unusable_cache: dict[tuple[object, ...], int] = {}
+    withheld: list[tuple[str, tuple[float, int, Conf, int]]] = []
 
     for a in queue:
+        if withheld:
+            cyc.put_back(withheld)
+            withheld = []
         spec = a.spec
         k = max(1, spec.nodes)
         tname = spec.tenant
@@ -895,6 +916,8 @@ def solve(
         c = spec.constraints  # (cyc.view, without the call for a known key)
         got = raw_views.get((c.gpu_type, c.gpu_count, c.memory_gb, *c.features))
         v, conformance = got if got is not None else cyc.view(spec)
+        if a.excluded_nodes:  # its prologue failed there: never again for it
+            withheld = cyc.withdraw(a.excluded_nodes)
         if v.usable_total < k:
             unusable = _unusable_matching(topo, spec, vcluster, unusable_cache)
             detail = reasons.too_few_nodes(k, vcluster, v.usable_total, unusable)

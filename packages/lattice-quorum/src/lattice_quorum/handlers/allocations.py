@@ -124,6 +124,8 @@ def update_allocation_state(
             finish(state, a, cmd.state, cmd.now, cmd.reason, cmd.exit_code, ch, cmd.finished_at)
             if cmd.started_at is not None:  # when the process really started
                 a.started_at = cmd.started_at
+            if cmd.peak_memory_bytes is not None:
+                a.peak_memory_bytes = cmd.peak_memory_bytes
         return c.CommandResult(revision=state.revision, allocation=a)
     if a.state == AllocationState.PENDING and cmd.state in HOLDING_STATES:
         raise InvalidTransition(

@@ -22,6 +22,7 @@ from lattice_quorum.handlers.common import (
     touch_alloc,
     touch_node,
 )
+from lattice_quorum.handlers.staging import needs_staging
 
 
 def _tenant_usage(state: GlobalState, tenant: str) -> tuple[int, int]:
@@ -57,8 +58,9 @@ def assign_nodes(state: GlobalState, cmd: c.AssignNodes, ch: Changes) -> c.Comma
     a.pending_reason = ""
     a.estimated_start, a.estimate_basis = None, ""
     a.preempted_by = ""
-    a.state = AllocationState.RUNNING
-    a.started_at = cmd.now
+    a.staged_nodes = []
+    a.state = AllocationState.STAGING if needs_staging(a.spec) else AllocationState.RUNNING
+    a.started_at = cmd.now  # when the nodes were taken; Running resets it
     a.reason = ""
     touch_alloc(state, a, ch)
     return c.CommandResult(revision=state.revision, allocation=a)

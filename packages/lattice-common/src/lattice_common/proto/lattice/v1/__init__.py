@@ -427,7 +427,7 @@ class AllocationReport(betterproto2.Message):
 
     phase: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
     """
-    "running" | "exited"
+    "running" | "exited" | "staged" | "prologue_failed"
     """
 
     pid: "int" = betterproto2.field(3, betterproto2.TYPE_INT32)
@@ -458,6 +458,16 @@ class AllocationReport(betterproto2.Message):
     peak_memory_bytes: "int | None" = betterproto2.field(8, betterproto2.TYPE_INT64, optional=True)
     """
     the allocation cgroup's peak memory, once exited
+    """
+
+    attempt: "int" = betterproto2.field(9, betterproto2.TYPE_INT32)
+    """
+    staged/prologue_failed: the allocation's prologue_failures it ran for
+    """
+
+    image_digest: "str" = betterproto2.field(10, betterproto2.TYPE_STRING)
+    """
+    staged: the OCI image digest the prologue pulled
     """
 
 
