@@ -11,6 +11,7 @@ against a real cluster are in ``test_e2e.py``.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lattice_api.settings import ApiSettings
 from lattice_common.types import Allocation, AllocationSpec, AllocationState
 from lattice_test_harness.local_api import LocalApi, ThreadedLocalApi
 
@@ -121,10 +123,24 @@ def spec(**kw: Any) -> AllocationSpec:
     return AllocationSpec(**{**base, **kw})
 
 
+# the uenv registry of the test API: the API resolves --uenv at submit (the images
+# themselves are never read there)
+UENVS = {"prgenv-gnu/24.11:v1": "ab" * 32}
+
+
+def uenv_registry(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    index = {ref: {"file": "img.sqfs", "sha256": sha, "size": 1} for ref, sha in UENVS.items()}
+    (root / "index.json").write_text(json.dumps(index))
+    return root
+
+
 @pytest.fixture
 def api(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliApi]:
     """The real API, empty, in development mode (the caller is ``x-lattice-user``), with
-    LATTICE_ENDPOINT pointing at it; one per test (it starts in about a millisecond)."""
-    with ThreadedLocalApi() as server:
+    LATTICE_ENDPOINT pointing at it; one per test (it starts in about a millisecond).
+    Its uenv registry offers :data:`UENVS`."""
+    settings = ApiSettings(uenv_registry=str(uenv_registry(clean_env / "uenv-registry")))
+    with ThreadedLocalApi(settings=settings) as server:
         monkeypatch.setenv("LATTICE_ENDPOINT", server.rest_url)
         yield CliApi(server)

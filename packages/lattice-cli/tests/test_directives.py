@@ -53,6 +53,23 @@ def test_spec_example_script():
     assert opts.warnings == []
 
 
+def test_uenv_and_view_directives():
+    """``#LATTICE --view`` like ``--uenv``; ``#SBATCH --uenv/--view`` as the uenv Slurm
+    plugin spells them (spec: Script Parsing); #LATTICE wins."""
+    opts = parse_script(
+        "#!/bin/bash\n"
+        "#SBATCH --uenv=prgenv-gnu/24.7:v2\n"
+        "#SBATCH --view=modules\n"
+        "#LATTICE --view=default\n"
+        "make\n"
+    )
+    assert (opts.uenv, opts.view, opts.warnings) == ("prgenv-gnu/24.7:v2", "default", [])
+    flags = merge(opts, SubmitOptions(view="spack"))
+    assert (flags.uenv, flags.view) == ("prgenv-gnu/24.7:v2", "spack")  # a flag wins
+    with pytest.raises(DirectiveError, match="needs a value"):
+        parse_script("#LATTICE --view\nmake\n")
+
+
 def test_sbatch_directive_mapping():
     script = """#!/bin/bash
 #SBATCH --nodes=4
@@ -320,6 +337,7 @@ _OPTION_WORDS = [
     "--no-requeue",
     "--preemption-class",
     "--uenv",
+    "--view",
     "--chdir",
     "--bogus",
     "-x",

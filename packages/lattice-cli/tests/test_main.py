@@ -86,6 +86,40 @@ def test_submit_script_with_directives_and_overrides(api, tmp_path, monkeypatch)
     assert api.last("POST")["headers"]["x-lattice-user"] == "alice"
 
 
+def test_submit_with_a_uenv_view(api, monkeypatch):
+    api.names(["physics"], ["gpu"])
+    base = ("submit", "--tenant", "physics", "--vcluster", "gpu", "-t", "1h")
+    result = run(*base, "--uenv", "prgenv-gnu/24.11", "--view", "default", "--", "make")
+    assert result.exit_code == 0, result.stderr
+    body = api.last("POST")["json"]
+    assert (body["uenv"], body["view"]) == ("prgenv-gnu/24.11", "default")
+    [alloc_id] = api.allocation_ids()
+    stored = api.quorum.state.allocations[alloc_id]
+    assert (stored.spec.uenv, stored.spec.view) == ("prgenv-gnu/24.11:v1", "default")
+    assert stored.uenv_sha256 == "ab" * 32  # resolved by the API at submit
+    # a view without a uenv, and an unknown uenv: refused with a hint, nothing stored
+    result = run(*base, "--view", "default", "--", "make")
+    assert result.exit_code == 1
+    assert "view 'default' given without a uenv" in result.stderr
+    assert "Hint: A view is one of a uenv's environments" in result.stderr
+    result = run(*base, "--uenv", "prgenv-gnu/25.1", "--", "make")
+    assert result.exit_code == 1
+    assert "uenv prgenv-gnu/25.1: not in the registry" in result.stderr
+    assert "Hint: Pick one of the available versions of prgenv-gnu" in result.stderr
+    assert api.allocation_ids() == [alloc_id]
+
+
+def test_session_with_a_uenv_view(api):
+    api.names(["physics"], ["gpu"])
+    result = run(
+        "session", "--tenant", "physics", "--vcluster", "gpu", "--no-attach",
+        "--uenv", "prgenv-gnu/24.11:v1", "--view", "default",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    body = api.last("POST")["json"]
+    assert (body["uenv"], body["view"]) == ("prgenv-gnu/24.11:v1", "default")
+
+
 def test_submit_command_after_dashdash(api, monkeypatch):
     monkeypatch.setenv("LATTICE_TENANT", "ml-team")
     monkeypatch.setenv("LATTICE_VCLUSTER", "ml-training")
@@ -414,7 +448,9 @@ def test_console_script_help(tmp_path):
         env=_env(tmp_path),
         timeout=60,
     )
-    for option in ("--nodes", "--walltime", "--constraint", "--env", "--requeue", "--uenv"):
+    for option in (
+        "--nodes", "--walltime", "--constraint", "--env", "--requeue", "--uenv", "--view",
+    ):  # fmt: skip
         assert option in proc.stdout
 
 

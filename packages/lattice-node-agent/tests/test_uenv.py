@@ -1,31 +1,45 @@
-"""uenv: the directory registry, the verified LRU cache, and real SquashFS mounts in a job's
-own mount namespace through ProcessRuntime."""
+"""uenv: directory and HTTP registries, signatures, the verified LRU cache, the image
+resolved at submit, views read from real images, and real SquashFS mounts in a job's own
+mount namespace through ProcessRuntime (with a view's variables)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import http.server
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from lattice_agent import uenv as uenv_module
 from lattice_agent.runtime import ProcessRuntime
+from lattice_agent.spawn import environment
 from lattice_agent.uenv import (
     UenvCache,
+    UenvChanged,
     UenvDisabled,
     UenvError,
     UenvHashMismatch,
     UenvNotFound,
     UenvRegistry,
+    UenvSignatureError,
+    UenvUnreachable,
     parse_ref,
 )
 from lattice_common.types import Allocation, AllocationReport, AllocationSpec
+from lattice_common.uenv_registry import sign_index_entry
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -221,7 +235,13 @@ def _host_mounts() -> str:
 
 
 async def _run_uenv_job(
-    tmp_path: Path, cache: UenvCache, entrypoint: str, mount_point: Path
+    tmp_path: Path,
+    cache: UenvCache,
+    entrypoint: str,
+    mount_point: Path,
+    *,
+    view: str = "",
+    uenv_sha256: str = "",
 ) -> tuple[AllocationReport, list[str], ProcessRuntime]:
     changes: list[AllocationReport] = []
     rt = ProcessRuntime(
@@ -236,8 +256,13 @@ async def _run_uenv_job(
     alloc = Allocation(
         id="u1",
         spec=AllocationSpec(
-            entrypoint=entrypoint, tenant="t", vcluster="v", uenv="prgenv-gnu/24.11:v1"
+            entrypoint=entrypoint,
+            tenant="t",
+            vcluster="v",
+            uenv="prgenv-gnu/24.11:v1",
+            view=view,
         ),
+        uenv_sha256=uenv_sha256,
     )
     seen: list[str] = []
     try:
@@ -335,3 +360,241 @@ async def test_a_uenv_job_on_a_node_without_registry_fails_to_start(tmp_path: Pa
         "spawn_failed: uenv prgenv-gnu/24.11:v1: uenv is not enabled on this node "
         "(node_agent.uenv_registry is empty)"
     )
+
+
+# ---------------------------------------------------------------------- HTTP registry
+
+
+@pytest.fixture
+def http_root(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A real HTTP server (stdlib, in a thread) serving ``tmp_path/www``: (URL, dir)."""
+    root = tmp_path / "www"
+    root.mkdir()
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(root))
+    )
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", root
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_fetch_downloads_from_an_http_registry(tmp_path: Path, http_root: tuple[str, Path]) -> None:
+    url, root = http_root
+    data = os.urandom(3 * (1 << 20) + 17)  # several chunks, streamed while hashing
+    publish(root, {"a/1:v1": data, "b/1:v1": b"tampered"}, bad_hash={"b/1:v1"})
+    cache = UenvCache(UenvRegistry(url), tmp_path / "cache", 1 << 30, clock=Clock())
+    path = cache.fetch("a/1")
+    assert path.read_bytes() == data
+    assert path.name == hashlib.sha256(data).hexdigest() + ".sqfs"
+    with pytest.raises(UenvHashMismatch, match=r"uenv b/1:v1: image hash mismatch"):
+        cache.fetch("b/1:v1")
+    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".ref")] == [
+        path.name
+    ]
+
+
+def test_an_unreachable_http_registry_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    cache = UenvCache(UenvRegistry(url, timeout=2), tmp_path / "cache", 1 << 30)
+    with pytest.raises(UenvUnreachable, match=rf"^uenv registry {url} unreachable: "):
+        cache.fetch("a/1:v1")
+
+
+# ---------------------------------------------------------------------- signatures
+
+
+@pytest.fixture(scope="module")
+def site_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, Path]:
+    """(private key PEM, path of the public key PEM) of a test site."""
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public = tmp_path_factory.mktemp("site-key") / "uenv.pub"
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return private, public
+
+
+def _sign_index(root: Path, private: bytes, refs: set[str]) -> None:
+    index = json.loads((root / "index.json").read_text())
+    for ref in refs:
+        index[ref]["signature"] = sign_index_entry(private, index[ref]["sha256"])
+    (root / "index.json").write_text(json.dumps(index))
+
+
+def test_signed_images_only(tmp_path: Path, site_key: tuple[bytes, Path]) -> None:
+    private, public = site_key
+    root = tmp_path / "registry"
+    publish(root, {"a/1:v1": b"signed", "b/1:v1": b"unsigned", "c/1:v1": b"c"})
+    _sign_index(root, private, {"a/1:v1", "c/1:v1"})
+    index = json.loads((root / "index.json").read_text())
+    index["c/1:v1"]["sha256"] = hashlib.sha256(b"c2").hexdigest()  # signed another hash
+    (root / "c_1_v1.sqfs").write_bytes(b"c2")
+    (root / "index.json").write_text(json.dumps(index))
+    cache = UenvCache(UenvRegistry(root, signing_key=public), tmp_path / "cache", 1 << 30)
+    assert cache.fetch("a/1:v1").read_bytes() == b"signed"
+    with pytest.raises(UenvSignatureError, match=r"^uenv b/1:v1: signature missing$"):
+        cache.fetch("b/1:v1")
+    with pytest.raises(
+        UenvSignatureError, match=r"^uenv c/1:v1: signature does not verify with the site key$"
+    ):
+        cache.fetch("c/1:v1")
+    # a cached image is checked again on every use: its signature withdrawn, it is refused
+    index = json.loads((root / "index.json").read_text())
+    del index["a/1:v1"]["signature"]
+    (root / "index.json").write_text(json.dumps(index))
+    with pytest.raises(UenvSignatureError, match="signature missing"):
+        cache.fetch("a/1:v1")
+    assert {p.name for p in (tmp_path / "cache").glob("*.sqfs")} == {
+        hashlib.sha256(b"signed").hexdigest() + ".sqfs"
+    }
+
+
+def test_the_image_resolved_at_submit_or_a_refusal(tmp_path: Path) -> None:
+    cache = make_cache(tmp_path, {"a/1:v1": b"v1"})
+    sha = hashlib.sha256(b"v1").hexdigest()
+    assert cache.acquire("a/1:v1", "job-1", sha256=sha).name == f"{sha}.sqfs"
+    publish(tmp_path / "registry", {"a/1:v1": b"republished"})
+    with pytest.raises(UenvChanged) as e:
+        cache.acquire("a/1:v1", "job-2", sha256=sha)
+    now = hashlib.sha256(b"republished").hexdigest()
+    assert str(e.value) == (
+        f"uenv a/1:v1 changed in the registry since submit "
+        f"(submitted: sha256 {sha[:12]}, now: {now[:12]})"
+    )
+    assert "Resubmit" in e.value.hint
+
+
+# ---------------------------------------------------------------------- views
+
+VIEWS = {
+    "views": {
+        "default": {
+            "description": "the compilers",
+            "env": {
+                "UENV_GREETING": "hello from the view",
+                "PATH": {"prepend": ["@MP@/bin"]},
+                "MANPATH": {"append": ["@MP@/man"]},
+            },
+        },
+        "modules": {"env": {"MODULEPATH": {"prepend": ["@MP@/modules"]}}},
+    }
+}
+
+
+def _view_image(root: Path, mount_point: Path) -> Path:
+    """A SquashFS image with ``bin/hello`` and ``meta/env.json`` (views pointing into
+    ``mount_point``)."""
+    if shutil.which("mksquashfs") is None or shutil.which("unsquashfs") is None:
+        pytest.skip("squashfs-tools not installed")
+    src = root / "view-src"
+    (src / "bin").mkdir(parents=True)
+    (src / "meta").mkdir()
+    hello = src / "bin" / "hello"
+    hello.write_text('#!/bin/sh\necho "hello: $UENV_GREETING"\n')
+    hello.chmod(0o755)
+    text = json.dumps(VIEWS).replace("@MP@", str(mount_point))
+    (src / "meta" / "env.json").write_text(text)
+    image = root / "view.sqfs"
+    subprocess.run(
+        ["mksquashfs", str(src), str(image), "-quiet", "-noappend", "-all-root", "-no-progress"],
+        check=True,
+        capture_output=True,
+    )
+    return image
+
+
+def test_views_are_read_from_the_image_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mount_point = tmp_path / "mp"
+    image = _view_image(tmp_path, mount_point)
+    _publish_image(tmp_path / "registry", "prgenv-gnu/24.11:v1", image)
+    cache = UenvCache(UenvRegistry(tmp_path / "registry"), tmp_path / "cache", 1 << 30)
+    cached = cache.fetch("prgenv-gnu/24.11:v1")
+    reads = []
+    real = uenv_module.read_env_json
+    monkeypatch.setattr(uenv_module, "read_env_json", lambda *a: reads.append(a) or real(*a))
+    view = cache.view(cached, "prgenv-gnu/24.11:v1", "default")
+    assert view.description == "the compilers"
+    assert view.values == {"UENV_GREETING": "hello from the view"}
+    assert cache.view(cached, "prgenv-gnu/24.11:v1", "modules").prepend == {
+        "MODULEPATH": (f"{mount_point}/modules",)
+    }
+    with pytest.raises(UenvError) as e:
+        cache.view(cached, "prgenv-gnu/24.11:v1", "spack")
+    assert str(e.value) == "uenv prgenv-gnu/24.11:v1 has no view spack (views: default, modules)"
+    assert len(reads) == 1  # memoized by sha256
+    env = environment(
+        Allocation(
+            id="a1",
+            spec=AllocationSpec(entrypoint="x", tenant="t", vcluster="v", env={"PATH": "/job/bin"}),
+        ),
+        ["n1"],
+        "n1",
+        "/s",
+        tmp_path / "w",
+        view=view,
+    )
+    assert env["PATH"] == f"{mount_point}/bin:/job/bin"  # onto the job's own PATH
+    assert env["UENV_GREETING"] == "hello from the view"
+
+
+def test_an_image_without_env_json_has_no_views(tmp_path: Path, squashfs_image: Path) -> None:
+    _publish_image(tmp_path / "registry", "prgenv-gnu/24.11:v1", squashfs_image)
+    cache = UenvCache(UenvRegistry(tmp_path / "registry"), tmp_path / "cache", 1 << 30)
+    with pytest.raises(UenvError, match=r"has no view default \(views: none\)$"):
+        cache.view(cache.fetch("prgenv-gnu/24.11:v1"), "prgenv-gnu/24.11:v1", "default")
+
+
+async def test_a_job_sees_its_view(tmp_path: Path, squashfs_image: Path) -> None:
+    # squashfs_image: only for the mount support check (skips where there is none)
+    mount_point = tmp_path / "user-environment"
+    image = _view_image(tmp_path, mount_point)
+    _publish_image(tmp_path / "registry", "prgenv-gnu/24.11:v1", image)
+    cache = UenvCache(
+        UenvRegistry(tmp_path / "registry"),
+        tmp_path / "cache",
+        1 << 30,
+        mount_point=str(mount_point),
+    )
+    sha = hashlib.sha256(image.read_bytes()).hexdigest()
+    r, _, _ = await _run_uenv_job(
+        tmp_path, cache, 'hello; echo "PATH=$PATH"', mount_point, view="default", uenv_sha256=sha
+    )
+    assert (r.exit_code, r.reason) == (0, ""), r
+    out = (tmp_path / "logs" / "u1" / "stdout.log").read_text()
+    assert "hello: hello from the view" in out  # bin/hello found through the view's PATH
+    assert f"PATH={mount_point}/bin:" in out
+
+
+async def test_an_unknown_view_fails_the_start(tmp_path: Path, squashfs_image: Path) -> None:
+    mount_point = tmp_path / "mp"
+    image = _view_image(tmp_path, mount_point)
+    _publish_image(tmp_path / "registry", "prgenv-gnu/24.11:v1", image)
+    cache = UenvCache(
+        UenvRegistry(tmp_path / "registry"),
+        tmp_path / "cache",
+        1 << 30,
+        mount_point=str(mount_point),
+    )
+    r, _, _ = await _run_uenv_job(tmp_path, cache, "echo should-not-run", mount_point, view="x")
+    assert r.reason == (
+        "spawn_failed: uenv prgenv-gnu/24.11:v1 has no view x (views: default, modules)"
+    )
+    assert cache.status()["images"][0]["in_use"] is False  # type: ignore[index]  # released

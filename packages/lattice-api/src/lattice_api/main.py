@@ -91,6 +91,8 @@ async def serve(
         oidc_client_id=cfg.api.oidc_client_id,
         max_request_bytes=cfg.api.max_request_bytes,
         max_dag_size=cfg.scheduling.max_dag_size,
+        uenv_registry=na.uenv_registry,
+        uenv_signing_key=na.uenv_signing_key,
     )
     agents = AgentChannels(agent_token)
     logs = LogProxy(member, agents)

@@ -12,7 +12,7 @@ from lattice_quorum.quorum import Quorum
 from lattice_api.fabric import FabricManager
 from lattice_api.node_monitor import NodeMonitor
 from lattice_api.ops.admin import AdminOps
-from lattice_api.ops.allocations import AllocationOps, LogSource
+from lattice_api.ops.allocations import AllocationOps, LogSource, uenv_resolver
 from lattice_api.ops.attach import AttachOps
 from lattice_api.ops.dags import DagOps
 from lattice_api.ops.launches import LaunchOps
@@ -42,7 +42,12 @@ class Operations:
         settings = settings or ApiSettings()
         self.settings = settings
         self.queue = QueueOps(quorum, budget_period_days=settings.budget_period_days)
-        self.allocations = AllocationOps(quorum, logs, self.queue)
+        self.allocations = AllocationOps(
+            quorum,
+            logs,
+            self.queue,
+            uenv=uenv_resolver(settings.uenv_registry, settings.uenv_signing_key),
+        )
         self.dags = DagOps(quorum, self.allocations, max_size=settings.max_dag_size)
         self.sessions = SessionOps(quorum, self.allocations)
         self.launches = LaunchOps(quorum, agents or AgentChannels(), fabric=fabric)

@@ -20,6 +20,10 @@ class ApiSettings:
     max_request_bytes: int = 1_048_576
     # scheduling.max_dag_size: the most allocations one DAG submission may have
     max_dag_size: int = DEFAULT_MAX_DAG_SIZE
+    # node_agent.uenv_registry / uenv_signing_key (the cluster shares one config file):
+    # spec.uenv is resolved against the agents' registry at submit; "" = uenv refused
+    uenv_registry: str = ""
+    uenv_signing_key: str = ""
 
 
 __all__ = ["ApiSettings"]

@@ -13,6 +13,7 @@ import msgspec
 from lattice_common.dag import DependencyCondition
 from lattice_common.duration import parse_duration
 from lattice_common.errors import NotFound, ValidationError
+from lattice_common.image_ref import ImageRefError, parse_image_ref
 from lattice_common.types import (
     AllocationSpec,
     Constraints,
@@ -22,6 +23,7 @@ from lattice_common.types import (
     LivenessProbeSpec,
     RequeuePolicy,
 )
+from lattice_common.uenv_registry import UenvError, check_view_name, format_ref, parse_ref
 
 MAX_NODES_PER_ALLOCATION = 100_000
 MAX_REQUEUE_LIMIT = 100
@@ -144,6 +146,8 @@ def validate_submission(
         tags = msgspec.convert(body.get("tags") or {}, dict[str, str])
     except msgspec.ValidationError as e:
         raise ValidationError(f"invalid field: {e}") from None
+    uenv, view = _uenv_and_view(body.get("uenv"), body.get("view"))
+    image = _image(body.get("image"))
     for key in ("gpu_count", "memory_gb"):
         val = getattr(constraints, key)
         if not 0 <= val <= INT32_MAX:
@@ -165,7 +169,9 @@ def validate_submission(
         constraints=constraints,
         env=env,
         submit_dir=str(body.get("submit_dir") or ""),
-        uenv=str(body.get("uenv") or ""),
+        uenv=uenv,
+        view=view,
+        image=image,
         requeue_policy=requeue,
         max_requeue=max_requeue,
         tags=tags,
@@ -176,6 +182,42 @@ def validate_submission(
         liveness_probe=_liveness_probe(body.get("liveness_probe")),
         expose=_expose(body.get("expose")),
     )
+
+
+def _uenv_and_view(raw_uenv: Any, raw_view: Any) -> tuple[str, str]:
+    """``uenv`` as ``name/version[:tag]`` and ``view`` (one word, only with a uenv).
+    Whether the uenv exists is the registry's to say (AllocationOps.resolve_uenv)."""
+    uenv = str(raw_uenv or "").strip()
+    view = str(raw_view or "").strip()
+    try:
+        if uenv:
+            uenv = format_ref(*parse_ref(uenv))
+        if view:
+            check_view_name(view)
+    except UenvError as e:
+        raise ValidationError(e.message, hint=e.hint) from None
+    if view and not uenv:
+        raise ValidationError(
+            f"view {view!r} given without a uenv",
+            hint="A view is one of a uenv's environments: add --uenv=NAME/VERSION[:TAG] "
+            "(e.g. --uenv=prgenv-gnu/24.11:v1 --view=default), or leave out --view.",
+        )
+    return uenv, view
+
+
+def _image(raw: Any) -> str:
+    """``image`` as a validated OCI reference (whether it exists is for the nodes'
+    prologue to find out: they pull it)."""
+    image = str(raw or "").strip()
+    if not image:
+        return ""
+    try:
+        parse_image_ref(image)
+    except ImageRefError as e:
+        raise ValidationError(
+            str(e), hint="e.g. --image=registry.example.org/ml/pytorch:2.4"
+        ) from None
+    return image
 
 
 MAX_EXPOSED_PORTS = 64

@@ -97,6 +97,7 @@ class LocalCluster:
         preferred_ports: bool = False,
         env: dict[str, str] | None = None,
         agent_homes: tuple[str, ...] = (),
+        agent_args: tuple[str, ...] = (),
     ) -> None:
         if members not in (1, 3, 5):
             raise ClusterError("a quorum has 1, 3 or 5 members")
@@ -112,6 +113,7 @@ class LocalCluster:
         self.grace_period = grace_period
         self.walltime_grace = walltime_grace
         self.agent_homes = tuple(agent_homes)  # home vCluster pool per agent, in order
+        self.agent_args = tuple(agent_args)  # extra lattice-agent flags (they win)
         self.env = {**os.environ, **(env or {})}
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self.members: list[Member] = []
@@ -293,7 +295,16 @@ class LocalCluster:
                 # orphan cleanup would remove another's scopes)
                 "--cgroup-slice",
                 f"{self.cgroup_slice}/{a.node_id}.slice",
+                # dev users (alice, ...) have no account here: jobs run as the agent, and
+                # their scratch stays inside the agent's own directory
+                "--run-as",
+                "agent",
+                "--scratch-root",
+                str(a.dir / "scratch"),
+                "--cache-dir",
+                str(a.dir / "cache"),
                 *a.args,
+                *self.agent_args,
             ],
         )
 

@@ -12,6 +12,7 @@ directives, which are translated with the specification's directive mapping::
     --cpus-per-task/-c, --ntasks -> tags      --export -> env (named variables)
     --output/-o, --error/-e -> tags slurm_output/slurm_error: the agent links the job's
         stdout/stderr to the expanded file (-o alone does not collect stderr)
+    --uenv -> uenv  --view -> view (the uenv Slurm plugin's options)
     --mail-type/--mail-user and the options in SBATCH_UNSUPPORTED -> warnings
 
 As with sbatch, directives are read from the top of the script up to the first line that
@@ -127,6 +128,8 @@ _LATTICE_OPTS: dict[str, str] = {
     "--requeue": "requeue",
     "--max-requeue": "max_requeue",
     "--uenv": "uenv",
+    "--view": "view",
+    "--image": "image",
     "--chdir": "submit_dir",
 }
 
@@ -170,6 +173,9 @@ _SBATCH_OPTS: dict[str, str] = {
     "--export": "export",
     "--mail-type": "mail",
     "--mail-user": "mail",
+    # the uenv Slurm plugin's options (spec: #SBATCH --uenv=prgenv-gnu/24.11:v1 --view=default)
+    "--uenv": "uenv",
+    "--view": "view",
 }
 _SBATCH_FLAGS = {"--requeue", "--no-requeue", "--exclusive"}
 
@@ -427,6 +433,8 @@ def _apply_sbatch_value(
         opts.tags["ntasks_per_node"] = str(tasks.per_node)
     elif setting == "submit_dir":
         opts.submit_dir = text_value(value, option)
+    elif setting in ("uenv", "view", "image"):
+        setattr(opts, setting, text_value(value, option))
     elif setting == "output":
         # the agent links the job's output to this file (lattice_agent.spawn); unlike
         # Slurm, stdout and stderr stay apart: -o alone does not collect stderr

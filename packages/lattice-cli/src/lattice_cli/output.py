@@ -416,6 +416,31 @@ def key_values(pairs: Sequence[tuple[str, Any]]) -> str:
     return "\n".join(f"{(k + ':').ljust(width)}  {_text(v)}" for k, v in pairs)
 
 
+def _staged(alloc: dict[str, Any]) -> str | None:
+    """Staging: how many nodes have finished their prologue."""
+    if alloc.get("state") != "Staging":
+        return None
+    staged = alloc.get("staged_nodes") or []
+    return f"{len(staged)}/{len(alloc.get('assigned_nodes') or [])} (prologue done)"
+
+
+def _image_text(image: str | None, digest: str | None) -> str | None:
+    if not image:
+        return None
+    return f"{image} ({digest})" if digest else image
+
+
+def _bytes_text(n: int | None) -> str | None:
+    if n is None:
+        return None
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return None
+
+
 def allocation_detail(alloc: dict[str, Any], now: float) -> str:
     """``lattice status ID``: every field a person asks about, one per line."""
     spec = alloc.get("spec") or {}
@@ -439,6 +464,14 @@ def allocation_detail(alloc: dict[str, Any], now: float) -> str:
             ("User", spec.get("user")),
             ("Nodes", spec.get("nodes")),
             ("Assigned nodes", compress_nodelist(nodes) if nodes else None),
+            ("Staged nodes", _staged(alloc)),
+            (
+                "Prologue failures",
+                f"{alloc['prologue_failures']} (excluded: "
+                f"{compress_nodelist(alloc.get('excluded_nodes') or [])})"
+                if alloc.get("prologue_failures")
+                else None,
+            ),
             ("Walltime", format_hms(walltime_seconds(spec))),
             ("Elapsed", format_hms(elapsed_seconds(alloc, now))),
             ("Submitted", iso_utc(alloc.get("submitted_at"))),
@@ -451,6 +484,9 @@ def allocation_detail(alloc: dict[str, Any], now: float) -> str:
             ("Lifecycle", spec.get("lifecycle")),
             ("Constraints", format_constraints(spec.get("constraints"))),
             ("uenv", spec.get("uenv")),
+            ("View", spec.get("view") or None),
+            ("Image", _image_text(spec.get("image"), alloc.get("image_digest"))),
+            ("Peak memory", _bytes_text(alloc.get("peak_memory_bytes"))),
             ("Entrypoint", spec.get("entrypoint")),
             ("Submit dir", spec.get("submit_dir")),
         ]

@@ -47,6 +47,8 @@ class SubmitOptions:
     requeue: str | None = None
     max_requeue: int | None = None
     uenv: str | None = None
+    view: str | None = None  # a view of the uenv (its environment variables)
+    image: str | None = None  # OCI image registry/name:tag
     submit_dir: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
     dependency: str | None = None  # Slurm --dependency text (checked when read)
@@ -65,6 +67,8 @@ _SCALARS = (
     "requeue",
     "max_requeue",
     "uenv",
+    "view",
+    "image",
     "submit_dir",
     "dependency",
     "task_group",

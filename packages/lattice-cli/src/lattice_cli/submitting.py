@@ -72,6 +72,8 @@ def build_spec(
         env=opts.env,
         submit_dir=os.path.abspath(opts.submit_dir) if opts.submit_dir else os.getcwd(),
         uenv=opts.uenv or cfg.uenv,
+        view=opts.view or "",
+        image=opts.image or "",
         requeue_policy=opts.requeue,
         max_requeue=opts.max_requeue,
         tags=opts.tags,

@@ -55,6 +55,7 @@ class ReportConformance(Command, tag="report_conformance"):
 
 class SubmitAllocation(Command, tag="submit_allocation"):
     spec: AllocationSpec
+    uenv_sha256: str = ""  # the image spec.uenv resolved to at submit (the API)
 
 
 class SubmitTaskGroup(Command, tag="submit_task_group"):
@@ -66,6 +67,7 @@ class SubmitTaskGroup(Command, tag="submit_task_group"):
     end: int
     step: int = 1
     concurrency: int = 0
+    uenv_sha256: str = ""  # the image spec.uenv resolved to at submit (the API)
 
 
 class DagMemberSubmission(msgspec.Struct, kw_only=True):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -77,6 +78,15 @@ SPECIAL_ENV: dict[str, tuple[str, ...]] = {
     "LATTICE_AGENT_TOKEN": ("api", "agent_token"),
     "LATTICE_FABRIC_MANAGER_TOKEN": ("network", "fabric_manager_token"),
 }
+
+
+def is_config_env(name: str) -> bool:
+    """Whether an environment variable is Lattice configuration (an override or one of the
+    documented secrets): the agent's own, never passed on to the jobs it starts."""
+    upper = name.upper()
+    return upper.startswith(ENV_PREFIX) and ("__" in upper or upper in SPECIAL_ENV)
+
+
 # Spellings used by the specification's examples, accepted and mapped to our names.
 _KEY_ALIASES: dict[tuple[str, ...], dict[str, str]] = {
     (): {"rate_limits": "rate_limit"},
@@ -87,6 +97,10 @@ _HINT = "See config/production.yaml for every option, its meaning and its defaul
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+#: node_agent.user_map values: "UID:GID", "UID" or a local user name (no ':' or space)
+_USER_MAP_VALUE = re.compile(r"\d+:\d+|\d+|[^\s:]+")
 
 
 def _check_host_port(value: str, *, allow_empty: bool = False, allow_port_zero: bool = True) -> str:
@@ -370,12 +384,21 @@ class NodeAgentConfig(_Section):
     pids_max: int = Field(
         default=4096, ge=0, description="processes+threads per allocation (0 = no limit)"
     )
-    # uenv SquashFS environments (lattice_agent.uenv): a directory registry with index.json
-    # (name/version[:tag] -> {file, sha256, size}), images copied into a node-local cache
-    # (verified against sha256, LRU-evicted above the limit, in-use images kept) and
-    # mounted read-only in the allocation's own mount namespace.
+    # uenv SquashFS environments (lattice_agent.uenv, lattice_common.uenv_registry): a
+    # registry (directory or http(s) URL) with index.json (name/version[:tag] -> {file,
+    # sha256, size, signature}), images copied into a node-local cache (verified against
+    # sha256, LRU-evicted above the limit, in-use images kept) and mounted read-only in the
+    # allocation's own mount namespace. The API reads the same two registry settings (one
+    # config file for the cluster) to resolve spec.uenv at submit.
     uenv_registry: str = Field(
-        default="", description="uenv registry directory; empty = uenv disabled on this node"
+        default="",
+        description="uenv registry: a directory or an http(s):// URL serving index.json; "
+        "empty = uenv disabled (on this node, and refused at submit by the API)",
+    )
+    uenv_signing_key: str = Field(
+        default="",
+        description="PEM file with the site's Ed25519 public key: when set, every uenv index "
+        "entry must carry a base64 signature of the image's sha256 hex, else it is refused",
     )
     uenv_cache_dir: str = Field(
         default="/var/cache/lattice/uenv", description="node-local cache of uenv images"
@@ -385,6 +408,44 @@ class NodeAgentConfig(_Section):
     )
     uenv_mount_point: str = Field(
         default="/user-environment", description="where a job sees its uenv image (read-only)"
+    )
+    # OCI images (lattice_agent.oci): pulled with skopeo, unpacked once per digest with
+    # umoci, run by crun inside the allocation's cgroup and process group.
+    oci_cache_dir: str = Field(
+        default="/var/cache/lattice/oci", description="node-local cache of OCI images"
+    )
+    oci_cache_max_bytes: int = Field(
+        default=100 * 1024**3, ge=0, description="LRU eviction above this many cached bytes"
+    )
+    oci_insecure_registries: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1", "localhost"],
+        description="registry hosts reached over plain HTTP (loopback test registries)",
+    )
+    # Who allocations run as (lattice_agent.identity) and their scratch space
+    # (lattice_agent.scratch).
+    run_as: Literal["submitter", "agent"] = Field(
+        default="submitter",
+        description="submitter = every process of an allocation runs as its submitting user "
+        "(the agent must be root); agent = as the agent's own user (development clusters)",
+    )
+    user_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="submitting user -> 'UID:GID', 'UID' or a local user name; consulted "
+        "before NSS (users whose login name differs from their account on the nodes)",
+    )
+    root_vclusters: list[str] = Field(
+        default_factory=list, description="vClusters whose allocations may run as root"
+    )
+    scratch_root: str = Field(
+        default="/scratch/local",
+        description="per-allocation scratch <scratch_root>/<alloc_id> (LATTICE_SCRATCH, "
+        "TMPDIR), the user's, wiped at the end; must not be writable by users",
+    )
+    scratch_tmpfs_mb: int = Field(
+        default=0,
+        ge=0,
+        description="> 0: a tmpfs of that many MiB is mounted on each scratch directory "
+        "instead of a plain directory (nodes without local disks)",
     )
 
     @field_validator("grpc_listen")
@@ -396,6 +457,22 @@ class NodeAgentConfig(_Section):
     @classmethod
     def _metrics(cls, v: str) -> str:
         return _check_host_port(v, allow_empty=True)
+
+    @field_validator("user_map", mode="before")
+    @classmethod
+    def _user_map(cls, v: Any) -> Any:
+        # YAML reads `alice: 1000` as an int; the same grammar as lattice_agent.identity
+        if not isinstance(v, Mapping):
+            return v
+        out = {}
+        for user, target in v.items():
+            text = str(target).strip() if isinstance(target, int | str) else ""
+            if isinstance(target, bool) or not _USER_MAP_VALUE.fullmatch(text):
+                raise ValueError(
+                    f"user_map[{user!r}] = {target!r}: expected 'UID:GID', 'UID' or a user name"
+                )
+            out[str(user)] = text
+        return out
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
@@ -34,14 +35,20 @@ from prometheus_client import Histogram
 from lattice_agent.attach import AttachManager
 from lattice_agent.cgroups import CgroupManager
 from lattice_agent.hydra import HydraSockets
+from lattice_agent.identity import IdentityPolicy
 from lattice_agent.lifecycle import REASON_PREEMPTED
 from lattice_agent.pmi.fence import FenceRegistry
 from lattice_agent.pmi.launches import LaunchManager
 from lattice_agent.probes import REASON_LIVENESS_PROBE_FAILED, ProbeManager
+from lattice_agent.prologue import PrologueManager
 from lattice_agent.reconcile import Forget, Start, Stop, reconcile
 from lattice_agent.runtime import ProcessRuntime
+from lattice_agent.scratch import Scratch, ScratchError, default_root
 from lattice_agent.service import NodeAgentService, require_token
 from lattice_agent.uenv import UenvCache
+
+if TYPE_CHECKING:
+    from lattice_agent.oci import OciStore
 
 log = logging.getLogger("lattice.agent")
 
@@ -84,8 +91,18 @@ class Agent:
         slurm_env: bool = True,
         cgroups: CgroupManager | None = None,
         uenv: UenvCache | None = None,
+        oci: OciStore | None = None,
+        prologue_script: str = "",
+        epilogue_script: str = "",
+        prologue_timeout: float = 300.0,
+        identities: IdentityPolicy | None = None,
+        scratch: Scratch | None = None,
     ) -> None:
         self.node_id = node_id
+        # who allocations run as (None: the agent itself) and their scratch directories;
+        # the runtime, task launches and attach share both
+        identities = identities if identities is not None else IdentityPolicy(node_id=node_id)
+        self.scratch = scratch if scratch is not None else Scratch(default_root(work_dir))
         self.endpoints = endpoints
         self.capabilities = capabilities
         self.hostname = hostname
@@ -118,6 +135,19 @@ class Agent:
             slurm_env=slurm_env,
             cgroups=cgroups,
             uenv=uenv,
+            oci=oci,
+            identities=identities,
+            scratch=self.scratch,
+        )
+        # prologues of Staging allocations (uenv/image fetch, site hook), epilogues
+        self.prologues = PrologueManager(
+            node_id,
+            uenv=uenv,
+            oci=oci,
+            script=prologue_script,
+            epilogue_script=epilogue_script,
+            timeout=prologue_timeout,
+            on_result=self._beat_now_set,
         )
         #: the allocations the desired state assigns to this node, by id
         self.assigned: dict[str, Allocation] = {}
@@ -133,6 +163,8 @@ class Agent:
             fence_timeout=pmi_fence_timeout,
             tree_fanout=pmi_tree_fanout,
             slurm_env=slurm_env,
+            identities=identities,
+            scratch=self.scratch,
         )
         # per-allocation sockets for lattice-mpi-launcher (mpirun without ssh)
         self.hydra = HydraSockets(
@@ -142,10 +174,16 @@ class Agent:
             channels=self.agents,
             address_of=self._agent_address,
             allocation=self.assigned.get,
+            identities=identities,
         )
         # interactive terminals (lattice attach) in the allocations of this node
         self.attaches = AttachManager(
-            node_id, allocation=self.assigned.get, work_dir=work_dir, log_dir=log_dir
+            node_id,
+            allocation=self.assigned.get,
+            work_dir=work_dir,
+            log_dir=log_dir,
+            identities=identities,
+            scratch=self.scratch,
         )
         self.attempts: dict[str, int] = {}
         self._checkpointing: set[str] = set()
@@ -197,6 +235,7 @@ class Agent:
             await self.hydra.close()
             await self.attaches.close()
             await self.probes.close()
+            await self.prologues.close()
             await self.launches.close()  # ranks cannot outlive their PMI server
             await self.runtime.close()  # workloads keep running (KillMode=process)
             self.endpoints.close()
@@ -214,6 +253,9 @@ class Agent:
         if report.phase != "running":
             self._beat_now.set()
         self._sync_probes()
+
+    def _beat_now_set(self) -> None:
+        self._beat_now.set()
 
     def _sync_probes(self) -> None:
         with contextlib.suppress(RuntimeError):  # no running loop: nothing to probe yet
@@ -260,7 +302,7 @@ class Agent:
 
     async def heartbeat(self) -> None:
         self.sequence += 1
-        reports = self.runtime.reports()
+        reports = self.runtime.reports() + self.prologues.reports()
         t0 = time.perf_counter()
         resp = await self._stub().heartbeat(
             v1.HeartbeatRequest(
@@ -359,7 +401,9 @@ class Agent:
         self.assigned.update((a.id, a) for a in desired)
         self.launches.end_allocations(set(self.assigned))
         self.attaches.end_allocations(set(self.assigned), preempted)
+        self._wipe_scratch_of(gone)
         await self.hydra.sync(self.assigned)
+        self.prologues.sync(self.assigned)
         actions = reconcile(self.node_id, desired, self.runtime.reports(), self.attempts)
         for act in actions:
             if isinstance(act, Stop):
@@ -379,6 +423,22 @@ class Agent:
                 if a.started_at:
                     STARTUP.labels(self.node_id).observe(max(0.0, time.time() - a.started_at))
         self._sync_probes()
+
+    def _wipe_scratch_of(self, gone: set[str]) -> None:
+        """Scratch that task launches or attach made for allocations that left this node;
+        the runtime wipes that of the allocations it runs itself at their reap."""
+        held = {r.allocation_id for r in self.runtime.reports()}
+        for alloc_id in gone - held:
+
+            def wipe(alloc_id: str = alloc_id) -> None:
+                try:
+                    self.scratch.wipe(alloc_id)
+                except (ScratchError, ValueError) as e:
+                    log.warning("allocation %s: %s", alloc_id, e)
+
+            task = asyncio.create_task(asyncio.to_thread(wipe), name=f"wipe-{alloc_id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _spawn_stop(self, alloc_id: str, reason: str) -> None:
         if alloc_id in self._stopping:

@@ -11,8 +11,11 @@ command (default: the user's login shell) runs
 * on pipes otherwise (stdout and stderr apart);
 
 in its own session (pid == sid == pgid), in the allocation's working directory and
-environment (``spawn.environment``). The agent keeps no slave fd, so the master reads
-EIO once every process of the session has let go of the terminal.
+environment (``spawn.environment``), as the allocation's user (``identity``: the same
+``setpriv`` prefix as the batch job, the PTY handed to that user as login does) with
+its scratch directory (made here on a node where no batch process runs). The agent
+keeps no slave fd, so the master reads EIO once every process of the session has let
+go of the terminal.
 
 Protocol (client -> agent): ``stdin`` bytes go to the PTY/pipe; ``resize`` sets the
 window size (the kernel sends SIGWINCH to the foreground process group); ``signal``
@@ -61,9 +64,11 @@ from lattice_common.errors import NotFound, QuotaExceeded, ValidationError
 from lattice_common.proto.lattice import v1
 from lattice_common.types import Allocation
 
+from lattice_agent.identity import IdentityError, IdentityPolicy, RunAs
 from lattice_agent.lifecycle import REASON_PREEMPTED
 from lattice_agent.procgroup import status_to_exit_code
-from lattice_agent.spawn import AllocPaths, environment
+from lattice_agent.scratch import Scratch, ScratchError, default_root
+from lattice_agent.spawn import AllocPaths, environment, working_dir
 
 log = logging.getLogger("lattice.agent.attach")
 
@@ -198,11 +203,16 @@ class AttachManager:
         max_per_user: int = MAX_PER_USER,
         hup_grace: float = HUP_GRACE,
         chunk: int = CHUNK,
+        identities: IdentityPolicy | None = None,
+        scratch: Scratch | None = None,
     ) -> None:
         self.node_id = node_id
         self._allocation = allocation
         self.work_dir = work_dir
         self.log_dir = log_dir
+        # who the terminal runs as: the allocation's user (None: the agent itself)
+        self.identities = identities if identities is not None else IdentityPolicy()
+        self.scratch = scratch if scratch is not None else Scratch(default_root(work_dir))
         self.keepalive_timeout = keepalive_timeout
         self.idle_timeout = idle_timeout
         self.max_per_user = max_per_user
@@ -263,25 +273,37 @@ class AttachManager:
             )
         paths = AllocPaths.of(alloc.id, self.work_dir, self.log_dir)
         submit_dir = alloc.spec.submit_dir
-        if submit_dir and os.path.isdir(submit_dir):
-            cwd = submit_dir
-        else:
-            paths.work_dir.mkdir(parents=True, exist_ok=True)
-            cwd = str(paths.work_dir)
+        try:
+            run_as = self.identities.run_as(alloc)
+            scratch = self.scratch.ensure(alloc.id, run_as)
+            cwd = working_dir(submit_dir, paths, run_as, scratch)
+        except IdentityError as e:
+            raise ValidationError(e.message, hint=e.hint) from None
+        except ScratchError as e:
+            raise ValidationError(f"cannot attach to {alloc.id}: {e}") from None
         env = environment(
-            alloc, list(alloc.assigned_nodes), self.node_id, submit_dir or cwd, paths.work_dir
+            alloc,
+            list(alloc.assigned_nodes),
+            self.node_id,
+            submit_dir or cwd,
+            paths.work_dir,
+            run_as=run_as,
+            scratch=scratch,
         )
         if start.tty and env.get("TERM", "") in ("", "dumb"):
             env["TERM"] = "xterm-256color"
         if user:
             env.setdefault("USER", user)
             env.setdefault("LOGNAME", user)
-        argv = list(start.command) or default_shell(env, user)
+        argv = list(start.command) or default_shell(env, run_as.name if run_as.switches else user)
         s = _Session(allocation_id=alloc.id, user=user, tty=bool(start.tty))
         size = start.size
         rows, cols = (size.rows, size.cols) if size and size.rows and size.cols else DEFAULT_SIZE
         try:
-            self._spawn(s, argv, cwd, env, rows, cols)
+            self._spawn(s, argv, cwd, env, rows, cols, run_as)
+        except IdentityError as e:
+            self._close_fds(s)
+            raise ValidationError(e.message, hint=e.hint) from None
         except OSError as e:
             self._close_fds(s)
             raise ValidationError(f"cannot start {argv[0]!r}: {e.strerror or e}") from None
@@ -300,18 +322,30 @@ class AttachManager:
         return s
 
     def _spawn(
-        self, s: _Session, argv: list[str], cwd: str, env: dict[str, str], rows: int, cols: int
+        self,
+        s: _Session,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        rows: int,
+        cols: int,
+        run_as: RunAs,
     ) -> None:
-        full = ["/bin/sh", "-c", _CD_EXEC, "lattice-attach", cwd, *argv]
+        # as the user from the start: the cd is checked by the kernel as that user
+        full = [*run_as.argv_prefix(), "/bin/sh", "-c", _CD_EXEC, "lattice-attach", cwd, *argv]
+        program = full[0]
         if s.tty:
             master, slave = os.openpty()
             s.master = master
             try:
                 _set_size(master, rows, cols)
                 name = os.ttyname(slave)
+                if run_as.switches:  # the user's terminal (tty, mesg, reopening it), as login does
+                    os.fchown(slave, run_as.uid, -1)
+                    os.fchmod(slave, 0o620)
                 # fd 0 is opened (not dup'ed) after setsid: it becomes the controlling tty
                 s.pid = os.posix_spawn(
-                    "/bin/sh",
+                    program,
                     full,
                     env,
                     file_actions=[
@@ -333,7 +367,7 @@ class AttachManager:
         err_r, err_w = os.pipe()
         try:
             s.pid = os.posix_spawn(
-                "/bin/sh",
+                program,
                 full,
                 env,
                 file_actions=[

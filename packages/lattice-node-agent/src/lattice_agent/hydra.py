@@ -41,6 +41,7 @@ from lattice_common.proto.lattice import v1
 from lattice_common.rpc import grpc_error
 from lattice_common.types import Allocation
 
+from lattice_agent.identity import IdentityError, IdentityPolicy
 from lattice_agent.mpi_launcher import connectable_path
 from lattice_agent.pmi.launches import LaunchManager
 from lattice_agent.spawn import AGENT_SOCKET, HYDRA_HOST_FILE
@@ -253,9 +254,11 @@ class HydraSockets:
         channels: AgentChannels,
         address_of: AddressOf,
         allocation: Callable[[str], Allocation | None],
+        identities: IdentityPolicy | None = None,
     ) -> None:
         self.node_id = node_id
         self.work_dir = Path(work_dir).absolute()
+        self.identities = identities
         self.launches = launches
         self.channels = channels
         self.address_of = address_of
@@ -283,6 +286,17 @@ class HydraSockets:
             except (OSError, ValueError) as e:
                 log.warning("no agent socket for allocation %s: %s", alloc_id, e)
 
+    def _give_to_job(self, alloc: Allocation, path: str) -> None:
+        """The socket belongs to the user the job runs as (only that user connects)."""
+        if self.identities is None:
+            return
+        try:
+            who = self.identities.run_as(alloc)
+        except IdentityError:
+            return  # the job cannot start either; its start says why
+        if who.switches:
+            os.chown(path, who.uid, who.gid)
+
     async def _open(self, alloc: Allocation) -> None:
         from lattice_agent.spawn import check_alloc_id
 
@@ -296,6 +310,7 @@ class HydraSockets:
         try:
             sock.bind(bind_path)
             os.chmod(bind_path, 0o600)  # before listen: nobody else can ever connect
+            self._give_to_job(alloc, bind_path)
         except OSError:
             sock.close()
             raise

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import shutil
 from pathlib import Path
 
-from lattice_common.config import load_config
+from lattice_common.config import NodeAgentConfig, load_config
 from lattice_common.errors import ValidationError
 from lattice_common.net import split_host_port
 from lattice_common.process import daemon_main, run_until_signal, start_metrics
+
+from lattice_agent.identity import IdentityPolicy
+from lattice_agent.oci import OciStore
+from lattice_agent.scratch import Scratch
+
+log = logging.getLogger("lattice.agent")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,6 +82,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="parent of the alloc-<id>.scope cgroups (default node_agent.cgroup_slice); "
         "several agents on one host need one each",
     )
+    p.add_argument(
+        "--run-as",
+        choices=("submitter", "agent"),
+        help="who allocations run as: their submitting user (needs root) or this agent's "
+        "own user, for development clusters (default node_agent.run_as)",
+    )
+    p.add_argument(
+        "--scratch-root",
+        help="per-allocation scratch directories <root>/<alloc_id> (default "
+        "node_agent.scratch_root); several agents on one host need one each",
+    )
+    p.add_argument(
+        "--cache-dir",
+        help="node-local image caches: <dir>/uenv and <dir>/oci (default "
+        "node_agent.uenv_cache_dir and oci_cache_dir); several agents on one host need one each",
+    )
     p.add_argument("--log-level", default=os.environ.get("LATTICE_LOG_LEVEL", "info"))
     return p.parse_args(argv)
 
@@ -87,6 +111,50 @@ def _listen_address(listen: str) -> tuple[str, int]:
             f"agent listen address: {e}",
             hint="give --listen as host:port, e.g. 0.0.0.0:50053 (port 0 picks a free port)",
         ) from None
+
+
+def _identities(
+    args: argparse.Namespace, na: NodeAgentConfig, node_id: str
+) -> tuple[IdentityPolicy, Scratch]:
+    """Who allocations run as and where their scratch goes (flags over node_agent)."""
+    mode = args.run_as or na.run_as
+    if mode == "submitter" and os.geteuid() != 0:
+        log.warning(
+            "node_agent.run_as is 'submitter' but the agent is not root: allocations of "
+            "other users will fail to start (use --run-as agent on development clusters)"
+        )
+    try:
+        identities = IdentityPolicy(
+            node_id=node_id,
+            mode=mode,
+            user_map=dict(na.user_map),
+            root_vclusters=frozenset(na.root_vclusters),
+        )
+    except ValueError as e:
+        raise ValidationError(str(e), hint="fix node_agent.user_map") from None
+    scratch = Scratch(args.scratch_root or na.scratch_root, tmpfs_mb=na.scratch_tmpfs_mb)
+    return identities, scratch
+
+
+def _oci_store(na: NodeAgentConfig, cache_dir: Path) -> OciStore | None:
+    """The OCI image store, or None (jobs with --image then fail their prologue with
+    that cause) when a tool it needs is not installed."""
+    from lattice_agent.oci import DEFAULT_INIT, OciError, OciStore
+
+    missing = [t for t in ("crun", "skopeo", "umoci") if shutil.which(t) is None]
+    if not os.path.exists(DEFAULT_INIT):
+        missing.append(DEFAULT_INIT)
+    if missing:
+        log.info("OCI containers disabled on this node: %s not installed", ", ".join(missing))
+        return None
+    try:
+        return OciStore(
+            cache_dir,
+            insecure=tuple(na.oci_insecure_registries),
+            max_bytes=na.oci_cache_max_bytes,
+        )
+    except OciError as e:
+        raise ValidationError(str(e), hint="fix node_agent.oci_cache_dir") from None
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -131,16 +199,28 @@ async def run(args: argparse.Namespace) -> None:
         pids_max=na.pids_max or None,
     )
     announce_cgroups(cgroups)
-    from lattice_agent.uenv import UenvCache, UenvRegistry
+    node_id = args.node_id or hostname()
+    identities, scratch = _identities(args, na, node_id)
+    from lattice_agent.uenv import UenvCache, UenvError, UenvRegistry
 
+    try:  # a signing key that cannot be read stops the agent: never run unverified images
+        registry = (
+            UenvRegistry(na.uenv_registry, signing_key=na.uenv_signing_key or None)
+            if na.uenv_registry
+            else None
+        )
+    except UenvError as e:
+        raise ValidationError(e.message, hint=e.hint) from None
+    cache_dir = Path(args.cache_dir) if args.cache_dir else None
     uenv = UenvCache(
-        UenvRegistry(na.uenv_registry) if na.uenv_registry else None,
-        na.uenv_cache_dir,
+        registry,
+        cache_dir / "uenv" if cache_dir else na.uenv_cache_dir,
         na.uenv_cache_max_bytes,
         mount_point=na.uenv_mount_point,
     )
+    oci = _oci_store(na, cache_dir / "oci" if cache_dir else Path(na.oci_cache_dir))
     agent = Agent(
-        node_id=args.node_id or hostname(),
+        node_id=node_id,
         endpoints=Endpoints(args.quorum_endpoint),
         capabilities=capabilities,
         hostname=hostname(),
@@ -166,6 +246,12 @@ async def run(args: argparse.Namespace) -> None:
         slurm_env=cfg.compat.slurm_env,
         cgroups=cgroups,
         uenv=uenv,
+        oci=oci,
+        prologue_script=na.prologue_script,
+        epilogue_script=na.epilogue_script,
+        prologue_timeout=na.prologue_timeout_seconds,
+        identities=identities,
+        scratch=scratch,
     )
     await run_until_signal(agent.run())
 

@@ -3,7 +3,8 @@
 A pure function. The agent calls it with the latest desired set from the quorum and
 the runtime's reports, and executes the actions it returns. Only the head node
 (first assigned node) runs the entrypoint, as a batch script runs on the first node
-of a Slurm allocation; the other nodes are held for tasks launched into it.
+of a Slurm allocation; the other nodes are held for tasks launched into it. Nothing
+starts while the allocation is Staging (its prologues run first).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def reconcile(
             actions.append(Stop(aid, "requeued") if r.phase == "running" else Forget(aid))
             actions.append(Start(a))
     for aid, a in want.items():
-        if aid not in have:
+        # Staging: the nodes' prologues run first (prologue.py); Running starts it
+        if aid not in have and a.state != AllocationState.STAGING:
             actions.append(Start(a))
     return actions

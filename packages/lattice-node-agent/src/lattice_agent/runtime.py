@@ -34,6 +34,7 @@ from lattice_common.types import Allocation, AllocationReport
 from lattice_agent import lifecycle as lc
 from lattice_agent.cgroups import CgroupManager, NoCgroups
 from lattice_agent.handle import AllocHandle, new_log_tail
+from lattice_agent.identity import IdentityError, IdentityPolicy, RunAs
 from lattice_agent.lifecycle import (
     PHASE_EXITED,
     PHASE_RUNNING,
@@ -46,8 +47,11 @@ from lattice_agent.lifecycle import (
     signal_exit_code,
 )
 from lattice_agent.logtail import STREAMS, LogRecord, LogTail, check_stream, tail_files
+from lattice_agent.oci import OciError, OciStore
+from lattice_agent.oci import parse_ref as parse_image_ref
 from lattice_agent.persist import StateFile, from_entry, to_entry
 from lattice_agent.procgroup import ProcessGroup, become_subreaper
+from lattice_agent.scratch import Scratch, ScratchError, default_root
 from lattice_agent.spawn import AllocPaths, check_alloc_id, read_exit_file, spawn
 from lattice_agent.uenv import UenvCache, UenvError
 
@@ -91,8 +95,18 @@ class ProcessRuntime:
         slurm_env: bool = True,
         cgroups: CgroupManager | None = None,
         uenv: UenvCache | None = None,
+        oci: OciStore | None = None,
+        identities: IdentityPolicy | None = None,
+        scratch: Scratch | None = None,
     ) -> None:
         self._node_id = node_id
+        # who each allocation runs as (lattice_agent.identity); None: the agent itself
+        self._identities = identities if identities is not None else IdentityPolicy()
+        # per-allocation scratch directories (lattice_agent.scratch)
+        self._scratch = scratch if scratch is not None else Scratch(default_root(work_dir))
+        # OCI images and the container runtime (lattice_agent.oci); None: jobs with an
+        # image fail to start
+        self._oci = oci
         # per-allocation cgroup scopes (lattice_agent.cgroups); None: none (bare groups)
         self._cgroups = cgroups if cgroups is not None else NoCgroups("not configured")
         # uenv image cache (lattice_agent.uenv); None: a job asking for a uenv fails to start
@@ -139,6 +153,7 @@ class ProcessRuntime:
             self._allocs[rec.id] = rec
             loaded.append(rec)
         self._remove_orphan_scopes(loaded)
+        self._wipe_orphan_scratch(loaded)
         # every record is in place before any instruction persists the state file
         finishing: list[asyncio.Task[None]] = []
         for rec in loaded:
@@ -338,12 +353,18 @@ class ProcessRuntime:
         cg = self._cgroups
         scope = None
         try:
+            # who it runs as first: an unknown user or a refused root ends the start at once
+            run_as = self._identities.run_as(alloc)
             # the scope exists before the process: the wrapper joins it before anything runs
             scope = cg.create(alloc.id, cg.limits(alloc))
-            uenv = None
+            scratch = self._scratch.create(alloc.id, run_as)
+            uenv = view = None
             if alloc.spec.uenv:
-                image = self._uenv.acquire(alloc.spec.uenv, alloc.id)
+                # exactly the image the API resolved at submit (uenv_sha256), when it did
+                image = self._uenv.acquire(alloc.spec.uenv, alloc.id, sha256=alloc.uenv_sha256)
                 uenv = (image, self._uenv.mount_point)
+                if alloc.spec.view:
+                    view = self._uenv.view(image, alloc.spec.uenv, alloc.spec.view)
             launched = spawn(
                 alloc,
                 nodes,
@@ -352,10 +373,17 @@ class ProcessRuntime:
                 slurm_env=self._slurm_env,
                 procs_files=cg.procs_files(scope),
                 uenv=uenv,
+                view=view,
+                container=self._container(alloc, rec.paths, run_as) if alloc.spec.image else None,
+                run_as=run_as,
+                scratch=scratch,
             )
-        except (OSError, ValueError, UenvError) as e:
+        except (OSError, ValueError, UenvError, OciError, IdentityError, ScratchError) as e:
             log.error("could not start allocation %s: %s", alloc.id, e)
+            self._wipe_scratch(alloc.id)
             self._uenv.release(alloc.id)
+            if alloc.spec.image and self._oci is not None:
+                self._oci.cleanup(alloc.id)
             if scope is not None or cg.available:
                 cg.remove(scope or cg.scope(alloc.id))
             rec.done.set()
@@ -370,6 +398,39 @@ class ProcessRuntime:
         log.info("started allocation %s: pid %d, cwd %s", alloc.id, launched.pid, launched.cwd)
         rec.tail_task = self._spawn_task(rec.logs.run(rec.done), f"tail-{rec.id}")
         return lc.Spawned()
+
+    def _container(
+        self, alloc: Allocation, paths: AllocPaths, run_as: RunAs
+    ) -> Callable[[dict[str, str], str], list[str]]:
+        """The container command for an allocation with an OCI image: the image the
+        prologue pulled (its digest), a bundle with the job's environment, working
+        directory and allocation directories bound in."""
+        oci = self._oci
+        if oci is None:
+            raise OciError(f"image {alloc.spec.image}: containers are not enabled on this node")
+        ref = alloc.spec.image
+        if alloc.image_digest:  # what the prologue pulled: cached, no registry round trip
+            ref = parse_image_ref(ref).by_digest(alloc.image_digest)
+        image = oci.pull(ref, pin_for=alloc.id)
+
+        def command(env: dict[str, str], cwd: str) -> list[str]:
+            # the scratch directory too: TMPDIR and LATTICE_SCRATCH name it
+            dirs = (cwd, str(paths.work_dir), env.get("LATTICE_SCRATCH", ""))
+            binds = [(d, d, False) for d in dict.fromkeys(dirs) if d]
+            bundle = oci.bundle(
+                alloc.id,
+                image,
+                argv=["/bin/sh", "-c", alloc.spec.entrypoint],
+                env=env,
+                cwd=cwd,
+                # the runtime starts as root; the container's process is the job's user
+                uid=run_as.uid,
+                gid=run_as.gid,
+                binds=binds,
+            )
+            return oci.run_argv(alloc.id, bundle)
+
+        return command
 
     def _arm(self, rec: AllocHandle, ins: lc.ArmTimer) -> None:
         delay = max(0.0, ins.at - self._clock()) if ins.at is not None else ins.after
@@ -405,7 +466,10 @@ class ProcessRuntime:
             log.warning("allocation %s: process group %d still has members", rec.id, group.pgid)
         exit_file_code = read_exit_file(rec.paths.exit_file)
         oom, peak = await asyncio.to_thread(self._finish_scope, rec.id)
+        await asyncio.to_thread(self._wipe_scratch, rec.id)  # nothing of the job is left
         self._uenv.release(rec.id)  # its mount namespace is gone with the group
+        if self._oci is not None:
+            await asyncio.to_thread(self._oci.cleanup, rec.id)  # nothing there: no-op
         self._feed(
             rec,
             lc.Reaped(
@@ -443,6 +507,18 @@ class ProcessRuntime:
         for scope in cg.orphans(known):
             log.warning("removing orphaned cgroup scope of allocation %s", scope.alloc_id)
             cg.remove(scope)
+
+    def _wipe_scratch(self, alloc_id: str) -> None:
+        try:
+            self._scratch.wipe(alloc_id)
+        except (ScratchError, ValueError) as e:
+            log.warning("allocation %s: %s", alloc_id, e)
+
+    def _wipe_orphan_scratch(self, loaded: list[AllocHandle]) -> None:
+        """At start: scratch of allocations with no live state entry is wiped (crash
+        recovery, as for cgroup scopes); that of allocations still running is kept."""
+        known = {rec.id for rec in loaded if rec.life.status != Status.EXITED}
+        self._scratch.wipe_orphans(known)
 
     def _report(self, rec: AllocHandle, ins: lc.Report) -> None:
         if ins.phase == PHASE_EXITED:

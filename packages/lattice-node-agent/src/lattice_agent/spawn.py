@@ -22,6 +22,13 @@ what the runtime must remember to find the process again after an agent restart.
   ``unshare --mount --propagation private`` and mounts the image read-only at the mount
   point before the command runs; spawn() waits for its "mounted" answer on a pipe. Only
   the job's processes see the mount, and it ends with the namespace (the last process).
+* **As the submitting user.** The wrapper joins the cgroup and mounts the uenv as the
+  agent (root); the command then runs under ``setpriv`` (``identity.RunAs.argv_prefix``)
+  through a small user stage that makes the ``sbatch -o/-e`` links and enters the working
+  directory as the user (so neither can reach what the user could not), then execs it.
+  The log files are handed to the user (``/dev/stdout`` reopens them, the links need
+  it); the exit file stays the wrapper's, written as root after the command. Running as
+  the agent itself (``node_agent.run_as: agent``) adds nothing: no stage, no process.
 """
 
 from __future__ import annotations
@@ -32,13 +39,19 @@ import os
 import shlex
 import shutil
 import signal
+import stat
+import subprocess
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from lattice_common.config import is_config_env
 from lattice_common.types import Allocation
+from lattice_common.uenv_registry import UenvView, apply_view
 
+from lattice_agent.identity import IdentityError, RunAs, may_enter
 from lattice_agent.procgroup import proc_stat
 
 __all__ = [
@@ -52,6 +65,7 @@ __all__ = [
     "job_name",
     "read_exit_file",
     "spawn",
+    "working_dir",
 ]
 
 _SHELL = "/bin/sh"
@@ -91,6 +105,21 @@ _WRAPPER_UENV = (
     'cd "$d" || { echo 126 > "$f"; exit 126; }; '
     '"$@"; rc=$?; '
     'echo "$rc" > "$f"; exit "$rc"'
+)
+# Between the wrapper and the command when the job runs as another user, run by setpriv
+# as that user: argv $0=lattice-user $1=cwd $2=N, then N (stream, log file, link)
+# triples of sbatch -o/-e links, then the command. The links are made as the user (a
+# pattern naming /etc/... fails as it would for the user), the cd is the kernel's own
+# access check, and exec leaves no extra process behind.
+_USER_STAGE = (
+    "d=$1; n=$2; shift 2; "
+    'while [ "$n" -gt 0 ]; do '
+    '{ mkdir -p -- "${3%/*}/" && rm -f -- "$3" && { ln -- "$2" "$3" || ln -s -- "$2" "$3"; }; '
+    '} 2>/dev/null || echo "[lattice] could not create $3 for $1" >&2; '
+    "shift 3; n=$((n - 1)); done; "
+    'cd -- "$d" 2>/dev/null || { echo "[lattice] the working directory $d is not '
+    "accessible to the job's user\" >&2; exit 126; }; "
+    'exec "$@"'
 )
 _UENV_MOUNT_TIMEOUT = 60.0  # seconds the wrapper may take to say whether the mount worked
 
@@ -183,8 +212,12 @@ def environment(
     alloc_dir: Path,
     *,
     slurm_env: bool = True,
+    view: UenvView | None = None,
+    run_as: RunAs | None = None,
+    scratch: Path | None = None,
 ) -> dict[str, str]:
-    """The agent's environment, then Hydra's, the spec's, LATTICE_* and their SLURM_* twins.
+    """The agent's environment, then Hydra's, the spec's, the uenv view's, LATTICE_* and
+    their SLURM_* twins.
 
     Hydra (``mpirun``) is pointed at the agents instead of ssh (spec: Direct mpirun):
     ``HYDRA_LAUNCHER=ssh`` with ``HYDRA_LAUNCHER_EXEC=lattice-mpi-launcher``, the
@@ -199,8 +232,18 @@ def environment(
     records them) SLURM_NTASKS/SLURM_NPROCS, SLURM_NTASKS_PER_NODE and
     SLURM_CPUS_PER_TASK. SLURM_ARRAY_TASK_ID/SLURM_ARRAY_JOB_ID come with a task group's
     env (set by the quorum with LATTICE_TASK_INDEX).
+
+    ``view``: the uenv view the spec asked for (``--view``, read from the image's
+    ``meta/env.json``), applied after the spec's env so its prepend/append lists extend
+    what the job would otherwise see (PATH, LD_LIBRARY_PATH, ...).
+
+    ``run_as``: the user the job runs as; when that is not the agent, its HOME, USER,
+    LOGNAME and SHELL replace the agent's and the spec's (they must say who the process
+    is). ``scratch``: the allocation's scratch directory, as ``LATTICE_SCRATCH`` and
+    ``TMPDIR``.
     """
-    env = dict(os.environ)
+    # the agent's configuration and secrets (its token) stay with the agent
+    env = {k: v for k, v in os.environ.items() if not is_config_env(k)}
     launcher = mpi_launcher()
     if launcher:
         env.update(
@@ -211,6 +254,12 @@ def environment(
             }
         )
     env.update(alloc.spec.env)
+    if view is not None:
+        apply_view(env, view)
+    if run_as is not None:
+        env.update(run_as.environment())
+    if scratch is not None:
+        env["TMPDIR"] = env["LATTICE_SCRATCH"] = str(scratch)
     nodelist = ",".join(nodes)
     name = job_name(alloc)
     env.update(
@@ -265,14 +314,15 @@ def environment(
 OUTPUT_TAGS = {"slurm_output": "stdout", "slurm_error": "stderr"}
 
 
-def link_output_files(alloc: Allocation, paths: AllocPaths, cwd: str, node_id: str) -> list[str]:
-    """Make the job's output appear where ``sbatch -o/-e`` said (patterns like
-    ``slurm-%j.out`` expanded, relative to the working directory): a hard link to the
-    log file, so the file fills live (``tail -f`` works) while Lattice's logs read the
-    same bytes; a symbolic link across filesystems. What could not be linked is
-    returned, to be said in the job's stderr (never a silent loss)."""
+def output_links(
+    alloc: Allocation, paths: AllocPaths, cwd: str, node_id: str
+) -> tuple[list[tuple[str, Path, Path]], list[str]]:
+    """Where ``sbatch -o/-e`` wants the job's output (patterns like ``slurm-%j.out``
+    expanded, relative to the working directory): (stream, log file, link) triples, and
+    the patterns that could not be expanded, to be said in the job's stderr."""
     from lattice_common.slurm import SlurmSyntaxError, expand_output_pattern
 
+    links: list[tuple[str, Path, Path]] = []
     problems = []
     for tag, stream in OUTPUT_TAGS.items():
         template = alloc.spec.tags.get(tag)
@@ -293,8 +343,19 @@ def link_output_files(alloc: Allocation, paths: AllocPaths, cwd: str, node_id: s
         except SlurmSyntaxError as e:
             problems.append(f"output file {template!r}: {e.message}")
             continue
-        target = Path(cwd, name)
-        source = paths.log(stream)
+        links.append((stream, paths.log(stream), Path(cwd, name)))
+    return links, problems
+
+
+def link_output_files(alloc: Allocation, paths: AllocPaths, cwd: str, node_id: str) -> list[str]:
+    """Make the job's output appear where ``sbatch -o/-e`` said: a hard link to the
+    log file, so the file fills live (``tail -f`` works) while Lattice's logs read the
+    same bytes; a symbolic link across filesystems. What could not be linked is
+    returned, to be said in the job's stderr (never a silent loss). The agent does this
+    only for jobs that run as the agent itself; for another user's job the user stage
+    (``_USER_STAGE``) makes the same links as that user."""
+    links, problems = output_links(alloc, paths, cwd, node_id)
+    for stream, source, target in links:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.unlink(missing_ok=True)
@@ -305,6 +366,58 @@ def link_output_files(alloc: Allocation, paths: AllocPaths, cwd: str, node_id: s
         except OSError as e:
             problems.append(f"could not create {target} for {stream}: {e.strerror or e}")
     return problems
+
+
+def working_dir(
+    submit_dir: str, paths: AllocPaths, run_as: RunAs | None = None, scratch: Path | None = None
+) -> str:
+    """The job's working directory: the submit directory when it exists here, else the
+    allocation's work directory (for another user's job its scratch directory, when it
+    has one: the agent's directories may be closed to users). A submit directory the
+    user cannot enter ends the start (IdentityError) instead of running elsewhere."""
+    if run_as is None or not run_as.switches:
+        if submit_dir and os.path.isdir(submit_dir):
+            return os.path.abspath(submit_dir)
+        paths.work_dir.mkdir(parents=True, exist_ok=True)
+        return str(paths.work_dir)
+    if submit_dir and _maybe_dir(submit_dir):
+        if may_enter(submit_dir, run_as) is False:
+            raise IdentityError(
+                f"the working directory {submit_dir} is not accessible to user "
+                f"{run_as.name} (uid {run_as.uid})",
+                hint="submit from a directory the user can enter on the compute nodes",
+            )
+        return os.path.abspath(submit_dir)
+    if scratch is not None:
+        return str(scratch)
+    paths.work_dir.mkdir(parents=True, exist_ok=True)
+    return str(paths.work_dir)
+
+
+def _maybe_dir(path: str) -> bool:
+    """A directory, or one the agent may not look at (root-squashed NFS: EACCES as
+    root), which the user stage's ``cd`` then checks as the user."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except PermissionError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _user_stage(run_as: RunAs, cwd: str, links: list[tuple[str, Path, Path]]) -> list[str]:
+    """``setpriv ... -- /bin/sh -c <user stage> ...``: put in front of the command."""
+    triples = [x for stream, source, target in links for x in (stream, str(source), str(target))]
+    return [
+        *run_as.argv_prefix(),
+        _SHELL,
+        "-c",
+        _USER_STAGE,
+        "lattice-user",
+        cwd,
+        str(len(links)),
+        *triples,
+    ]
 
 
 def _signals_to_reset() -> list[int]:
@@ -384,6 +497,10 @@ def spawn(
     slurm_env: bool = True,
     procs_files: list[Path] | tuple[Path, ...] = (),
     uenv: tuple[Path, str] | None = None,
+    view: UenvView | None = None,
+    container: Callable[[dict[str, str], str], list[str]] | None = None,
+    run_as: RunAs | None = None,
+    scratch: Path | None = None,
 ) -> Launched:
     """Start ``alloc``'s wrapper in a new session. Raises OSError/ValueError when it cannot.
 
@@ -391,7 +508,14 @@ def spawn(
     one per controller on v1); the wrapper joins them before anything else runs.
     ``uenv``: (image, mount point): the wrapper runs in its own mount namespace and mounts
     the image there read-only; this returns once it is mounted and raises
-    :class:`UenvMountError` with the cause (the wrapper reaped) when it could not be."""
+    :class:`UenvMountError` with the cause (the wrapper reaped) when it could not be.
+    ``view``: the uenv view whose variables go into the job's environment.
+    ``container``: (environment, working directory) -> the container runtime's command
+    line, run by the wrapper instead of ``/bin/sh -c <entrypoint>`` (an allocation with
+    an OCI image: ``lattice_agent.oci``; the job's environment goes into its bundle).
+    ``run_as``: the user the command runs as (None: the agent); a container runtime is
+    never switched (its bundle names the user). ``scratch``: the allocation's scratch
+    directory (``LATTICE_SCRATCH``/``TMPDIR``; another user's fallback working directory)."""
     spec = alloc.spec
     out_fd = err_fd = -1
     ready_r = ready_w = -1
@@ -400,19 +524,48 @@ def spawn(
         paths.stdout.parent.mkdir(parents=True, exist_ok=True)
         paths.exit_file.unlink(missing_ok=True)  # a requeued allocation may run here again
         submit_dir = spec.submit_dir
-        cwd = submit_dir if submit_dir and os.path.isdir(submit_dir) else str(paths.work_dir)
-        cwd = os.path.abspath(cwd)
+        cwd = working_dir(submit_dir, paths, run_as, scratch)
         env = environment(
-            alloc, nodes, node_id, submit_dir or cwd, paths.work_dir, slurm_env=slurm_env
+            alloc,
+            nodes,
+            node_id,
+            submit_dir or cwd,
+            paths.work_dir,
+            slurm_env=slurm_env,
+            view=view,
+            run_as=run_as,
+            scratch=scratch,
         )
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         out_fd = _high_fd(os.open(paths.stdout, flags, 0o640))
         err_fd = _high_fd(os.open(paths.stderr, flags, 0o640))
         # Append (a requeued run keeps the earlier output); tail only the new part.
         offsets = {"stdout": os.fstat(out_fd).st_size, "stderr": os.fstat(err_fd).st_size}
-        for problem in link_output_files(alloc, paths, cwd, node_id):
+        command = [_SHELL, "-c", spec.entrypoint] if container is None else container(env, cwd)
+        wrapper_cwd = cwd
+        if run_as is not None and run_as.switches:
+            # the job's own files: /dev/stdout reopens them, the sbatch -o links need them
+            for fd in (out_fd, err_fd):
+                os.fchown(fd, run_as.uid, run_as.gid)
+            links, problems = output_links(alloc, paths, cwd, node_id)
+            stage = _user_stage(run_as, cwd, links)
+            if container is None:
+                command = [*stage, *command]
+                wrapper_cwd = str(paths.work_dir)  # root waits there; the user enters cwd
+            elif links:  # the runtime itself must stay root: the links in a stage of their own
+                subprocess.run(
+                    [*stage, "true"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=err_fd,
+                    stderr=err_fd,
+                    env=env,
+                    timeout=30,
+                    check=False,
+                )
+        else:
+            problems = link_output_files(alloc, paths, cwd, node_id)
+        for problem in problems:
             os.write(err_fd, f"[lattice] {problem}\n".encode())
-        command = [_SHELL, "-c", spec.entrypoint]
         cgroup_args = [str(len(procs_files)), *(str(p) for p in procs_files)]
         file_actions = [
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
@@ -421,7 +574,7 @@ def spawn(
         ]
         if uenv is None:
             program = _SHELL
-            argv = [_SHELL, "-c", _WRAPPER, "lattice-wrapper", cwd, str(paths.exit_file)]
+            argv = [_SHELL, "-c", _WRAPPER, "lattice-wrapper", wrapper_cwd, str(paths.exit_file)]
         else:
             image, mount_point = uenv
             program = _unshare()
@@ -436,7 +589,7 @@ def spawn(
                 "-c",
                 _WRAPPER_UENV,
                 "lattice-wrapper",
-                cwd,
+                wrapper_cwd,
                 str(paths.exit_file),
                 str(image),
                 mount_point,

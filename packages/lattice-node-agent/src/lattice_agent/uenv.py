@@ -1,17 +1,23 @@
-"""uenv SquashFS environments: the registry index and the node-local image cache.
+"""uenv SquashFS environments on a node: the image cache, and the views read from images.
 
-* **Registry** (``node_agent.uenv_registry``): a directory with ``index.json`` mapping
-  ``name/version[:tag]`` to ``{"file": <path relative to the directory>, "sha256": <hex>,
-  "size": <bytes>}``. Empty = uenv disabled on this node: a job asking for one fails to
-  start with :class:`UenvDisabled`.
-* **Cache** (``node_agent.uenv_cache_dir``, ``uenv_cache_max_bytes``): images are copied in
-  as ``<sha256>.sqfs`` while their SHA-256 is computed; a mismatch with the index is refused
-  (:class:`UenvHashMismatch`) and the copy removed, so only verified content is ever named
-  by its hash (a cache hit is not re-hashed). Every use sets the file's access time; above
-  the size limit the least recently used images are removed, never one that is pinned.
+* **Registry** (``node_agent.uenv_registry``): a directory or an ``http(s)://`` URL whose
+  ``index.json`` maps ``name/version[:tag]`` to ``{"file", "sha256", "size",
+  "signature"}`` (:mod:`lattice_common.uenv_registry`, shared with the API, which resolves
+  the ref at submit and records the image's sha256 on the allocation). Empty = uenv
+  disabled on this node: a job asking for one fails to start with :class:`UenvDisabled`.
+  With ``node_agent.uenv_signing_key`` every entry must be signed by the site key.
+* **Cache** (``node_agent.uenv_cache_dir``, ``uenv_cache_max_bytes``): images are copied
+  (or downloaded, streamed) in as ``<sha256>.sqfs`` while their SHA-256 is computed; a
+  mismatch with the index is refused (:class:`UenvHashMismatch`) and the copy removed, so
+  only verified content is ever named by its hash (a cache hit is not re-hashed; its
+  index entry, and signature, are checked on every use). Every use sets the file's access
+  time; above the size limit the least recently used images are removed, never one that
+  is pinned.
 * **Pins**: ``acquire(ref, alloc_id)`` pins the image for an allocation as a file
   ``<cache>/pins/<alloc_id>`` (so the pin outlives an agent restart); ``release(alloc_id)``
   removes it when the allocation has been reaped.
+* **Views**: ``view(image, ref, name)`` reads ``meta/env.json`` out of the cached image
+  (``unsquashfs -cat``, nothing mounted on the host), once per sha256.
 
 Mounting is done by the allocation's wrapper (``lattice_agent.spawn``) inside a private
 mount namespace: only the job's processes see the image, and the mount disappears with
@@ -21,120 +27,117 @@ the last of them (nothing to unmount on the host).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
-import json
+import http.client
 import logging
 import os
-import re
+import shutil
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from lattice_common.uenv_registry import (
+    UenvChanged,
+    UenvDisabled,
+    UenvError,
+    UenvHashMismatch,
+    UenvImage,
+    UenvNotFound,
+    UenvRegistry,
+    UenvSignatureError,
+    UenvUnreachable,
+    UenvView,
+    find_view,
+    parse_ref,
+    parse_views,
+)
 
 __all__ = [
     "DEFAULT_MOUNT_POINT",
     "CacheEntry",
     "UenvCache",
+    "UenvChanged",
     "UenvDisabled",
     "UenvError",
     "UenvHashMismatch",
     "UenvImage",
     "UenvNotFound",
     "UenvRegistry",
+    "UenvSignatureError",
+    "UenvUnreachable",
+    "UenvView",
     "parse_ref",
+    "read_env_json",
 ]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MOUNT_POINT = "/user-environment"
-_REF = re.compile(
-    r"^([A-Za-z0-9][A-Za-z0-9._+-]*)/([A-Za-z0-9][A-Za-z0-9._+-]*)(?::([A-Za-z0-9._+-]+))?$"
-)
+ENV_JSON = "meta/env.json"
 _CHUNK = 1 << 20
+_UNSQUASHFS_TIMEOUT = 60.0
 
 
-class UenvError(Exception):
-    """A uenv could not be resolved, fetched or mounted; the message is the user-facing cause."""
+@functools.cache
+def _unsquashfs() -> tuple[str, bool] | None:
+    """(path, whether it has ``-cat``: squashfs-tools 4.5 and later) or None."""
+    tool = shutil.which("unsquashfs", path="/usr/sbin:/usr/bin:/sbin:/bin")
+    tool = tool or shutil.which("unsquashfs")
+    if tool is None:
+        return None
+    try:
+        r = subprocess.run([tool, "-help"], capture_output=True, timeout=_UNSQUASHFS_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return tool, False
+    return tool, b"-cat" in r.stdout + r.stderr
 
 
-class UenvDisabled(UenvError):
-    pass
-
-
-class UenvNotFound(UenvError):
-    pass
-
-
-class UenvHashMismatch(UenvError):
-    pass
-
-
-def parse_ref(ref: str) -> tuple[str, str, str]:
-    """``name/version[:tag]`` -> (name, version, tag or "")."""
-    m = _REF.match(ref.strip())
-    if m is None:
-        raise UenvNotFound(f"uenv {ref}: not of the form name/version[:tag]")
-    return m.group(1), m.group(2), m.group(3) or ""
-
-
-@dataclass(frozen=True)
-class UenvImage:
-    """One index entry, resolved: the reference it answers, the file and what it must be."""
-
-    ref: str
-    path: Path
-    sha256: str
-    size: int
-
-
-class UenvRegistry:
-    """A directory registry: ``<root>/index.json`` (read on every resolve: images can be
-    published while the agent runs)."""
-
-    def __init__(self, root: Path | str) -> None:
-        self.root = Path(root)
-
-    def index(self) -> dict[str, dict[str, object]]:
-        path = self.root / "index.json"
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise UenvError(f"uenv registry {self.root}: no index.json") from None
-        except (OSError, ValueError) as e:
-            raise UenvError(f"uenv registry {self.root}: unreadable index.json: {e}") from e
-        if not isinstance(data, dict):
-            raise UenvError(f"uenv registry {self.root}: index.json is not an object")
-        return {str(k): v for k, v in data.items() if isinstance(v, dict)}
-
-    def resolve(self, ref: str) -> UenvImage:
-        """The entry for ``ref``: an exact key, or for a ref without tag the only tagged
-        entry of that name/version. Otherwise :class:`UenvNotFound` naming what exists."""
-        name, version, tag = parse_ref(ref)
-        index = self.index()
-        key = f"{name}/{version}" + (f":{tag}" if tag else "")
-        entry = index.get(key)
-        if entry is None and not tag:
-            tagged = [k for k in index if k.startswith(f"{key}:")]
-            if len(tagged) == 1:
-                key = tagged[0]
-                entry = index[key]
-        if entry is None:
-            same = sorted(k for k in index if k.split("/", 1)[0] == name)
-            if same:
-                raise UenvNotFound(f"uenv {ref}: not in the registry; available: {', '.join(same)}")
-            names = sorted({k.split("/", 1)[0] for k in index})
-            raise UenvNotFound(
-                f"uenv {ref}: no uenv named {name!r} in the registry; "
-                f"available: {', '.join(names) or 'none'}"
+def read_env_json(image: Path, ref: str) -> bytes | None:
+    """``meta/env.json`` of a SquashFS image (None when it has none), read with
+    ``unsquashfs`` so nothing is mounted on the host; squashfs-tools without ``-cat``
+    extract it into a temporary directory instead."""
+    found = _unsquashfs()
+    if found is None:
+        raise UenvError(
+            f"uenv {ref}: cannot read its views: unsquashfs (squashfs-tools) not found",
+            hint="Install squashfs-tools on the node.",
+        )
+    tool, has_cat = found
+    try:
+        if has_cat:
+            r = subprocess.run(
+                [tool, "-cat", str(image), ENV_JSON],
+                capture_output=True,
+                timeout=_UNSQUASHFS_TIMEOUT,
             )
-        try:
-            file = self.root / str(entry["file"])
-            sha = str(entry["sha256"]).lower()
-            size = int(entry.get("size", -1))  # type: ignore[call-overload]
-        except (KeyError, TypeError, ValueError) as e:
-            raise UenvError(f"uenv {ref}: bad registry entry {key!r}: {e}") from e
-        if not re.fullmatch(r"[0-9a-f]{64}", sha):
-            raise UenvError(f"uenv {ref}: bad sha256 in registry entry {key!r}")
-        return UenvImage(ref=key, path=file, sha256=sha, size=size)
+            if r.returncode == 0:
+                return r.stdout
+            err = r.stderr.decode(errors="replace").strip()
+            if "no matches" in err:
+                return None
+            raise UenvError(f"uenv {ref}: cannot read {ENV_JSON}: {err[-300:]}")
+        with tempfile.TemporaryDirectory(prefix="lattice-uenv-") as tmp:
+            r = subprocess.run(
+                [tool, "-no-progress", "-d", f"{tmp}/x", str(image), ENV_JSON],
+                capture_output=True,
+                timeout=_UNSQUASHFS_TIMEOUT,
+            )
+            out = Path(tmp, "x", ENV_JSON)
+            if out.is_file():
+                return out.read_bytes()
+            if r.returncode != 0:
+                err = r.stderr.decode(errors="replace").strip()
+                raise UenvError(f"uenv {ref}: cannot read {ENV_JSON}: {err[-300:]}")
+            return None
+    except subprocess.TimeoutExpired:
+        raise UenvError(
+            f"uenv {ref}: reading {ENV_JSON} took over {_UNSQUASHFS_TIMEOUT:.0f}s"
+        ) from None
+    except OSError as e:
+        raise UenvError(f"uenv {ref}: cannot read {ENV_JSON}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,7 @@ class UenvCache:
         self.max_bytes = int(max_bytes)
         self.mount_point = mount_point
         self._clock = clock
+        self._views: dict[str, dict[str, UenvView]] = {}  # by sha256
 
     @property
     def enabled(self) -> bool:
@@ -175,13 +179,22 @@ class UenvCache:
 
     # ------------------------------------------------------------------ fetch
 
-    def fetch(self, ref: str) -> Path:
-        """The cached image for ``ref`` (copied and verified first when not cached)."""
+    def fetch(self, ref: str, *, sha256: str = "") -> Path:
+        """The cached image for ``ref`` (copied and verified first when not cached).
+        ``sha256``: what the API resolved at submit (``Allocation.uenv_sha256``): exactly
+        that image or, if the registry names another one for ``ref`` now, a refusal."""
         if self.registry is None:
             raise UenvDisabled(
-                f"uenv {ref}: uenv is not enabled on this node (node_agent.uenv_registry is empty)"
+                f"uenv {ref}: uenv is not enabled on this node (node_agent.uenv_registry is empty)",
+                hint="Configure node_agent.uenv_registry on every node, as on the API.",
             )
         image = self.registry.resolve(ref)
+        if sha256 and image.sha256 != sha256.lower():
+            raise UenvChanged(
+                f"uenv {ref} changed in the registry since submit "
+                f"(submitted: sha256 {sha256[:12]}, now: {image.sha256[:12]})",
+                hint="Resubmit to run the image the registry names now.",
+            )
         self.dir.mkdir(parents=True, exist_ok=True)
         target = self.dir / f"{image.sha256}.sqfs"
         if not target.is_file():
@@ -191,9 +204,9 @@ class UenvCache:
         self.evict(keep={target.name})
         return target
 
-    def acquire(self, ref: str, alloc_id: str) -> Path:
+    def acquire(self, ref: str, alloc_id: str, *, sha256: str = "") -> Path:
         """:meth:`fetch` and pin the image for ``alloc_id`` (not evicted until released)."""
-        path = self.fetch(ref)
+        path = self.fetch(ref, sha256=sha256)
         self._pins.mkdir(parents=True, exist_ok=True)
         (self._pins / alloc_id).write_text(path.name)
         return path
@@ -204,25 +217,40 @@ class UenvCache:
         with contextlib.suppress(OSError):
             (self._pins / alloc_id).unlink()
 
+    def view(self, image: Path, ref: str, name: str) -> UenvView:
+        """The view ``name`` of the cached ``image`` (``meta/env.json``, read once per
+        sha256: a cached file never changes); an unknown view names the ones there are."""
+        sha = image.stem
+        views = self._views.get(sha)
+        if views is None:
+            raw = read_env_json(image, ref)
+            views = parse_views(raw, ref) if raw is not None else {}
+            self._views[sha] = views
+        return find_view(views, ref, name)
+
     def _copy_verified(self, image: UenvImage, target: Path) -> None:
+        assert self.registry is not None
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         digest = hashlib.sha256()
         try:
-            with open(image.path, "rb") as src, open(tmp, "wb") as dst:
+            with self.registry.open_image(image) as src, open(tmp, "wb") as dst:
                 while chunk := src.read(_CHUNK):
                     digest.update(chunk)
                     dst.write(chunk)
-        except FileNotFoundError:
+        except UenvError:
             tmp.unlink(missing_ok=True)
-            raise UenvError(f"uenv {image.ref}: image file {image.path} missing") from None
-        except OSError as e:
+            raise
+        except (OSError, http.client.HTTPException) as e:  # a download cut off, a full disk
             tmp.unlink(missing_ok=True)
-            raise UenvError(f"uenv {image.ref}: could not copy {image.path}: {e}") from e
+            raise UenvError(
+                f"uenv {image.ref}: could not copy {image.location}: {e or type(e).__name__}"
+            ) from e
         got = digest.hexdigest()
         if got != image.sha256:
             tmp.unlink(missing_ok=True)
             raise UenvHashMismatch(
-                f"uenv {image.ref}: image hash mismatch (expected {image.sha256}, got {got})"
+                f"uenv {image.ref}: image hash mismatch (expected {image.sha256}, got {got})",
+                hint="The registry's file does not match its index; ask its operators.",
             )
         os.chmod(tmp, 0o444)
         os.replace(tmp, target)

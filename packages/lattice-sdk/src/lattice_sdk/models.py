@@ -67,6 +67,8 @@ class AllocationSpec(_Record):
     env: dict[str, str] = field(default_factory=dict)
     submit_dir: str = ""
     uenv: str = ""
+    view: str = ""  # a view of the uenv to activate (its environment variables)
+    image: str = ""  # OCI image registry/name:tag to run in
     requeue_policy: str | None = None
     max_requeue: int | None = None
     tags: dict[str, str] = field(default_factory=dict)
@@ -110,6 +112,8 @@ class AllocationSpec(_Record):
             "env": self.env,
             "submit_dir": self.submit_dir,
             "uenv": self.uenv,
+            "view": self.view,
+            "image": self.image,
             "requeue_policy": self.requeue_policy,
             "max_requeue": self.max_requeue,
             "tags": self.tags,

@@ -7,10 +7,18 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
+import msgspec
 from lattice_common import commands as c
-from lattice_common.errors import NotFound, ValidationError
+from lattice_common.errors import NotFound, Unavailable, ValidationError
 from lattice_common.taskgroup import parse_task_group
 from lattice_common.types import Allocation, AllocationSpec, AllocationState, StartEstimate
+from lattice_common.uenv_registry import (
+    CachedIndex,
+    UenvError,
+    UenvNotFound,
+    UenvRegistry,
+    UenvSignatureError,
+)
 from lattice_common.watch import decode_delta
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
@@ -48,11 +56,37 @@ def parse_states(state: str | None) -> set[AllocationState] | None:
         ) from None
 
 
+# seconds to wait for an HTTP registry's index at submit (in a thread, cached for a while)
+UENV_INDEX_TIMEOUT = 10.0
+
+
+def uenv_resolver(registry: str, signing_key: str = "") -> CachedIndex | None:
+    """The API's resolver of ``spec.uenv`` against the agents' registry (None: uenv is
+    disabled, a spec asking for one is refused). An unreadable signing key stops the
+    server: it must never accept images it cannot verify."""
+    if not registry:
+        return None
+    try:
+        return CachedIndex(
+            UenvRegistry(registry, signing_key=signing_key or None, timeout=UENV_INDEX_TIMEOUT)
+        )
+    except UenvError as e:
+        raise ValidationError(e.message, hint=e.hint) from None
+
+
 class AllocationOps:
-    def __init__(self, quorum: Quorum, logs: LogSource, queue: QueueOps) -> None:
+    def __init__(
+        self,
+        quorum: Quorum,
+        logs: LogSource,
+        queue: QueueOps,
+        *,
+        uenv: CachedIndex | None = None,
+    ) -> None:
         self.quorum = quorum
         self.log_source = logs
         self.queue = queue
+        self.uenv = uenv
 
     # --- submit ---------------------------------------------------------------------
 
@@ -62,8 +96,34 @@ class AllocationOps:
         goes through it: a single submission, a task group's template, a test-only
         submission, and each member of a DAG (lattice_api.ops.dags)."""
         spec = self._parse(who, body)
+        if spec.uenv and self.uenv is None:
+            raise ValidationError(
+                "uenv is not enabled on this cluster",
+                details={"uenv": spec.uenv},
+                hint="This cluster has no uenv registry (node_agent.uenv_registry is empty): "
+                "submit without --uenv, or ask the operators to configure one.",
+            )
         self.quorum.read(queries.admit, admission.check, spec)
         return spec
+
+    async def resolve_uenv(self, spec: AllocationSpec) -> tuple[AllocationSpec, str]:
+        """``spec.uenv`` looked up in the registry (index cached briefly, read off the
+        event loop): the spec naming the entry it matched, and the image's sha256 the
+        agents must then run. Unknown refs and unsigned images are refused (400), an
+        unreachable registry is Unavailable (503)."""
+        if not spec.uenv:
+            return spec, ""
+        if self.uenv is None:  # validate() refused it already; kept for direct callers
+            raise ValidationError("uenv is not enabled on this cluster")
+        try:
+            image = await self.uenv.resolve(spec.uenv)
+        except (UenvNotFound, UenvSignatureError) as e:
+            raise ValidationError(e.message, details={"uenv": spec.uenv}, hint=e.hint) from None
+        except UenvError as e:
+            raise Unavailable(e.message, details={"uenv": spec.uenv}, hint=e.hint) from None
+        if image.ref != spec.uenv:
+            spec = msgspec.structs.replace(spec, uenv=image.ref)
+        return spec, image.sha256
 
     def _parse(self, who: Identity, body: Mapping[str, Any]) -> AllocationSpec:
         tenants, vclusters = self.quorum.read(queries.tenant_and_vcluster_names)
@@ -79,9 +139,11 @@ class AllocationOps:
         )
 
     async def submit(self, who: Identity, body: dict[str, Any]) -> Allocation:
-        spec = self.validate(who, body)
+        spec, sha = await self.resolve_uenv(self.validate(who, body))
         res = raise_if_error(
-            await self.quorum.propose(c.SubmitAllocation(spec=spec, now=time.time()))
+            await self.quorum.propose(
+                c.SubmitAllocation(spec=spec, uenv_sha256=sha, now=time.time())
+            )
         )
         assert res.allocation is not None
         return res.allocation
@@ -109,8 +171,15 @@ class AllocationOps:
         else:
             start, end, step, conc = parse_task_group(str(tg))
         spec = self.validate(who, {k: v for k, v in body.items() if k != "task_group"})
+        spec, sha = await self.resolve_uenv(spec)
         cmd = c.SubmitTaskGroup(
-            spec=spec, start=start, end=end, step=step, concurrency=conc, now=time.time()
+            spec=spec,
+            start=start,
+            end=end,
+            step=step,
+            concurrency=conc,
+            uenv_sha256=sha,
+            now=time.time(),
         )
         return raise_if_error(await self.quorum.propose(cmd))
 

@@ -42,6 +42,9 @@ def session(
         typer.Option("--constraint", "-C", help="Node property, e.g. gpu_type=GH200."),
     ] = None,
     uenv: Annotated[str | None, typer.Option("--uenv", help="Software environment.")] = None,
+    view: Annotated[
+        str | None, typer.Option("--view", help="View of the uenv to activate, e.g. default.")
+    ] = None,
     no_attach: Annotated[
         bool, typer.Option("--no-attach", help="Create it and print its id; attach later.")
     ] = False,
@@ -66,6 +69,7 @@ def session(
         "vcluster": vcluster or st.vcluster or cfg.vcluster,
         "constraints": constraints,
         "uenv": uenv or cfg.uenv,
+        "view": view,
     }
     body = {k: v for k, v in body.items() if v not in (None, "", {})}
     fmt = st.output(output)

@@ -106,6 +106,19 @@ def submit(
         str | None,
         typer.Option("--uenv", help="Software environment, e.g. prgenv-gnu/24.11:v1."),
     ] = None,
+    view: Annotated[
+        str | None,
+        typer.Option(
+            "--view", help="View of the uenv to activate (its environment), e.g. default."
+        ),
+    ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            "--image",
+            help="OCI image to run in, registry/name:tag (read-only root, as you).",
+        ),
+    ] = None,
     task_group: Annotated[
         str | None,
         typer.Option(
@@ -219,6 +232,8 @@ def submit(
             requeue=requeue.value if requeue else None,
             max_requeue=max_requeue,
             uenv=uenv,
+            view=view,
+            image=image,
             submit_dir=chdir,
             task_group=task_group,
             dependency=dependency,

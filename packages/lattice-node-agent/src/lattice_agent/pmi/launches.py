@@ -17,6 +17,9 @@ Multi-node launches:
   and the launch is aborted everywhere, naming the node;
 * ranks die with their agent (``PR_SET_PDEATHSIG``), since the PMI server does.
 
+Ranks run as the allocation's user (``identities``), with its scratch directory
+(``LATTICE_SCRATCH``/``TMPDIR``, made here when this node has none yet).
+
 Ranks of an allocation that leaves this node's desired state are killed
 (:meth:`LaunchManager.end_allocations`).
 """
@@ -45,6 +48,7 @@ from lattice_common.errors import (
 from lattice_common.proto.lattice import v1
 from lattice_common.types import Allocation
 
+from lattice_agent.identity import IdentityError, IdentityPolicy, RunAs
 from lattice_agent.pmi.fence import FenceRegistry, LaunchFence
 from lattice_agent.pmi.server import (
     FENCE_TIMEOUT_REASON,
@@ -55,7 +59,8 @@ from lattice_agent.pmi.server import (
 )
 from lattice_agent.pmi.tree import fence_topology
 from lattice_agent.pmi.wire import PmiProtocolError, decode_kvs, encode_kvs
-from lattice_agent.spawn import AllocPaths, environment
+from lattice_agent.scratch import Scratch, ScratchError, default_root
+from lattice_agent.spawn import AllocPaths, environment, working_dir
 
 log = logging.getLogger("lattice.agent.launch")
 
@@ -145,8 +150,13 @@ class LaunchManager:
         slurm_env: bool = True,
         retain_seconds: float = 600.0,
         peer_lost_after: float = PEER_LOST_AFTER,
+        identities: IdentityPolicy | None = None,
+        scratch: Scratch | None = None,
     ) -> None:
         self.node_id = node_id
+        # who ranks run as: the allocation's user (None: the agent itself)
+        self.identities = identities if identities is not None else IdentityPolicy()
+        self.scratch = scratch if scratch is not None else Scratch(default_root(work_dir))
         self._allocation = allocation
         self.work_dir = work_dir
         self.log_dir = log_dir
@@ -181,6 +191,14 @@ class LaunchManager:
                 f"allocation {req.allocation_id} is not running on node {self.node_id}",
                 hint="Tasks launch only inside a Running allocation, on its nodes.",
             )
+        try:
+            run_as = self.identities.run_as(alloc)
+            scratch = self.scratch.ensure(alloc.id, run_as)
+            cwd = self._cwd(req, alloc, run_as, scratch)
+        except IdentityError as e:
+            raise ValidationError(e.message, hint=e.hint) from None
+        except ScratchError as e:
+            raise ValidationError(f"launch {req.task_id} of {alloc.id}: {e}") from None
         al = AgentLaunch(request=req, node_ids=node_ids, addresses=addresses)
         use_pmi = req.mpi != "none"
         fence = local_fence
@@ -197,8 +215,8 @@ class LaunchManager:
             range(first, first + req.local_tasks),
             req.world_size,
             launch_id=req.task_id,
-            env=self._environment(req, alloc, node_ids),
-            cwd=self._cwd(req, alloc),
+            env=self._environment(req, alloc, node_ids, run_as, scratch),
+            cwd=cwd,
             fence=fence,
             fence_timeout=timeout,
             ranks_per_node=ranks_per_node,
@@ -211,6 +229,7 @@ class LaunchManager:
             on_abort=lambda rank, status, reason: self._on_abort(al, rank, status, reason),
             pmi=use_pmi,
             slurm_env=self.slurm_env,
+            run_as=run_as,
         )
         al.emit(
             v1.LaunchEvent(
@@ -281,7 +300,12 @@ class LaunchManager:
         return node_ids, dict(zip(node_ids, peers, strict=False)), ranks_per_node
 
     def _environment(
-        self, req: v1.LaunchProcessesRequest, alloc: Allocation, node_ids: list[str]
+        self,
+        req: v1.LaunchProcessesRequest,
+        alloc: Allocation,
+        node_ids: list[str],
+        run_as: RunAs,
+        scratch: Path,
     ) -> dict[str, str]:
         paths = AllocPaths.of(alloc.id, self.work_dir, self.log_dir)
         submit_dir = alloc.spec.submit_dir or str(paths.work_dir)
@@ -292,6 +316,8 @@ class LaunchManager:
             submit_dir,
             paths.work_dir,
             slurm_env=self.slurm_env,
+            run_as=run_as,
+            scratch=scratch,
         )
         nodelist = ",".join(node_ids)
         env.update(
@@ -321,15 +347,18 @@ class LaunchManager:
         env.update(req.env)
         return env
 
-    def _cwd(self, req: v1.LaunchProcessesRequest, alloc: Allocation) -> str:
+    def _cwd(
+        self, req: v1.LaunchProcessesRequest, alloc: Allocation, run_as: RunAs, scratch: Path
+    ) -> str:
+        """The launch's directory, else the submit directory, else the work directory
+        (another user's: the scratch directory); one the user cannot enter is refused."""
+        paths = AllocPaths.of(alloc.id, self.work_dir, self.log_dir)
         for candidate in (req.working_dir, alloc.spec.submit_dir):
             if candidate and Path(candidate).is_dir():
-                return candidate
+                return working_dir(candidate, paths, run_as, scratch)
         if req.working_dir:
             raise ValidationError(f"working directory {req.working_dir} does not exist")
-        paths = AllocPaths.of(alloc.id, self.work_dir, self.log_dir)
-        paths.work_dir.mkdir(parents=True, exist_ok=True)
-        return str(paths.work_dir)
+        return working_dir("", paths, run_as, scratch)
 
     # ------------------------------------------------------------------ running
 

@@ -20,6 +20,10 @@ launch) must take down whatever a rank forked, and ``killpg`` does that
 without touching the agent or the other launches.  ``run()`` kills every
 group in ``finally``, so no rank survives a return, an exception or a
 cancellation of the caller.
+
+Ranks run as the allocation's user (``run_as``): the ``setpriv`` prefix of
+``lattice_agent.identity`` goes in front of the command, keeping the
+parent-death signal that the uid change would otherwise clear.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lattice_agent.identity import RunAs
 from lattice_agent.lifecycle import signal_exit_code
 from lattice_agent.pmi.kvs import (
     Abort,
@@ -149,7 +154,8 @@ class LocalLaunch:
     variables are added per rank.  ``ranks_per_node`` (job-wide, in node
     order) builds ``PMI_process_mapping``; the default treats this node
     as the only one.  ``on_output`` receives every output line; without
-    it the lines are collected in :attr:`LaunchResult.output`.
+    it the lines are collected in :attr:`LaunchResult.output`.  ``run_as``:
+    the user the ranks run as (None: the agent itself).
     """
 
     def __init__(
@@ -171,10 +177,13 @@ class LocalLaunch:
         kill_on_bad_exit: bool = True,
         pmi: bool = True,
         slurm_env: bool = False,
+        run_as: RunAs | None = None,
     ) -> None:
         if not argv:
             raise ValueError("argv must not be empty")
         self.argv = [str(a) for a in argv]
+        # setpriv ... -- (raises IdentityError now, not per rank); [] as the agent
+        self._prefix = run_as.argv_prefix(keep_pdeathsig=True) if run_as is not None else []
         self.ranks = list(ranks)
         self.size = size
         self.launch_id = launch_id
@@ -317,6 +326,7 @@ class LocalLaunch:
         fd = r.theirs.fileno()
         try:
             r.proc = await asyncio.create_subprocess_exec(
+                *self._prefix,
                 *self.argv,
                 env=self._rank_env(r, fd),
                 cwd=self.cwd,

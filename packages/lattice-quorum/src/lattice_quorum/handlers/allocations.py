@@ -50,7 +50,9 @@ def submit_allocation(state: GlobalState, cmd: c.SubmitAllocation, ch: Changes) 
     spec = admitted(state, spec)
     waits = check_dependencies(state, spec)  # may refuse: nothing is stored yet
     bump(state)
-    a = Allocation(id=next_id(state, cmd.now), spec=spec, submitted_at=cmd.now)
+    a = Allocation(
+        id=next_id(state, cmd.now), spec=spec, submitted_at=cmd.now, uenv_sha256=cmd.uenv_sha256
+    )
     if waits:
         hold(state, a)
     state.allocations[a.id] = a
@@ -96,6 +98,7 @@ def submit_task_group(state: GlobalState, cmd: c.SubmitTaskGroup, ch: Changes) -
             task_group_id=gid,
             task_index=i,
             task_group_concurrency=cmd.concurrency,
+            uenv_sha256=cmd.uenv_sha256,
         )
         state.allocations[a.id] = a
         members.append(a)
