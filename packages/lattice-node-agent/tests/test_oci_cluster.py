@@ -37,9 +37,7 @@ STATE_ROOT = "/run/lattice/crun"  # lattice_agent.oci.DEFAULT_STATE_ROOT
 
 
 def _containers() -> list[str]:
-    r = subprocess.run(
-        ["crun", "--root", STATE_ROOT, "list", "-q"], capture_output=True, text=True
-    )
+    r = subprocess.run(["crun", "--root", STATE_ROOT, "list", "-q"], capture_output=True, text=True)
     return [c for c in r.stdout.split() if c.startswith("lattice-")]
 
 
