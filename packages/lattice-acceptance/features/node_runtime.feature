@@ -35,3 +35,11 @@ Feature: Node runtime: software environments staged before a job runs
     And I submit a 1-node job without a uenv that lists its mounts
     Then the job with the uenv sees /user-environment mounted read-only
     And the job without a uenv does not see /user-environment
+
+  Scenario: An administrator warms a uenv on every node and evicts it from one
+    When the administrator runs "lattice cache warm --image=prgenv/1.0:v1 --all"
+    Then it reports "prgenv/1.0:v1" cached on every node
+    And `lattice cache status -o json` shows "prgenv/1.0:v1" on every node
+    When the administrator runs "lattice cache evict --image=prgenv/1.0:v1 --node=node-001"
+    Then `lattice cache status -o json` shows "prgenv/1.0:v1" on every node but node-001
+    And a user without the admin role is refused "lattice cache warm --image=prgenv/1.0:v1 --all" with a permission error and a Hint

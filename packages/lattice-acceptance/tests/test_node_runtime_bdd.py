@@ -266,3 +266,89 @@ def other_job_does_not(world: World) -> None:
     lines = log_lines(world.cli("logs", job.id))
     assert "started without-uenv" in lines and "finished without-uenv" in lines, lines
     assert not [ln for ln in lines if ln.startswith("mount ")], lines
+
+
+# --- lattice cache: warm, status, evict ---------------------------------------------------
+
+
+@when(parsers.parse('the administrator runs "{command}"'))
+def admin_runs(world: World, command: str) -> None:
+    import shlex
+
+    args = shlex.split(command)
+    assert args[0] == "lattice", command
+    world.cli(*args[1:], "-o", "json", user="admin")  # exits 0
+
+
+@then(parsers.parse('it reports "{ref}" cached on every node'))
+def warmed_everywhere(world: World, ref: str) -> None:
+    out = json.loads(world.last.stdout)
+    assert out["image"] == ref, out
+    assert [r["node"] for r in out["results"]] == world.node_ids(), out
+    for r in out["results"]:
+        assert r["ok"] and r["image"]["ref"] == ref and not r["image"]["in_use"], r
+    for node in world.node_ids():  # each agent's own cache directory
+        assert ref in world.cache_refs(node), node
+
+
+def _cached_on(world: World, ref: str) -> dict[str, bool]:
+    r = world.cli("cache", "status", "-o", "json", user="alice")  # any user may look
+    nodes = json.loads(r.stdout)
+    assert all(n["ok"] and n["enabled"] for n in nodes), show(r)
+    return {n["node"]: ref in [i["ref"] for i in n["images"]] for n in nodes}
+
+
+@then(parsers.parse('`lattice cache status -o json` shows "{ref}" on every node'))
+def status_everywhere(world: World, ref: str) -> None:
+    assert _cached_on(world, ref) == dict.fromkeys(world.node_ids(), True)
+
+
+@then(parsers.parse('`lattice cache status -o json` shows "{ref}" on every node but {node}'))
+def status_but_one(world: World, ref: str, node: str) -> None:
+    assert _cached_on(world, ref) == {n: n != node for n in world.node_ids()}
+    assert ref not in world.cache_refs(node)
+
+
+@then(
+    parsers.parse(
+        'a user without the admin role is refused "{command}" with a permission error and a Hint'
+    )
+)
+def non_admin_refused(world: World, command: str) -> None:
+    """The development cluster trusts every caller as an administrator, so the refusal is
+    asked of a server that authenticates (the same API code in process, with signed
+    tokens) that knows this cluster's nodes and agents; nothing reaches them."""
+    import shlex
+    import sys
+    import time
+
+    import jwt
+    from lattice_acceptance.world import assert_hint_line
+    from lattice_test_harness.local_api import ThreadedLocalApi
+
+    secret = "node-runtime-bdd-secret-long-enough"
+    before = {n: world.cache_refs(n) for n in world.node_ids()}
+    with ThreadedLocalApi(hmac_secret=secret) as api:
+        for n in world.cluster.nodes():
+            api.add_node(n["id"], agent_address=n["agent_address"], group=n["group"])
+        claims = {"sub": "alice", "exp": int(time.time()) + 600}
+        env = {
+            **world.cluster.cli_env(),
+            "LATTICE_ENDPOINT": api.rest_url,
+            "LATTICE_TOKEN": jwt.encode(claims, secret, algorithm="HS256"),
+            "USER": "alice",
+        }
+        args = shlex.split(command)[1:]
+        r = subprocess.run(
+            [sys.executable, "-m", "lattice_cli.main", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            cwd=world.workdir,
+        )
+    assert r.returncode == 1, show(r)
+    assert "Traceback" not in r.stderr, show(r)
+    assert r.stderr.startswith("Error: alice (user) may not perform cache.admin"), show(r)
+    assert_hint_line(r)
+    assert {n: world.cache_refs(n) for n in world.node_ids()} == before

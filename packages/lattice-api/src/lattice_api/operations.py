@@ -14,6 +14,7 @@ from lattice_api.node_monitor import NodeMonitor
 from lattice_api.ops.admin import AdminOps
 from lattice_api.ops.allocations import AllocationOps, LogSource, uenv_resolver
 from lattice_api.ops.attach import AttachOps
+from lattice_api.ops.cache import CacheOps
 from lattice_api.ops.dags import DagOps
 from lattice_api.ops.launches import LaunchOps
 from lattice_api.ops.nodes import NodeOps
@@ -52,6 +53,8 @@ class Operations:
         self.sessions = SessionOps(quorum, self.allocations)
         self.launches = LaunchOps(quorum, agents or AgentChannels(), fabric=fabric)
         self.attach = AttachOps(quorum, self.launches.agents)
+        # the nodes' uenv caches, through their agents (NodeService.CacheStatus, ...)
+        self.cache = CacheOps(quorum, self.launches.agents)
         self.nodes = NodeOps(quorum, monitor, api_addresses=settings.api_addresses)
         self.admin = AdminOps(
             quorum,

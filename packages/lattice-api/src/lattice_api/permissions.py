@@ -49,6 +49,9 @@ ROLES: dict[str, frozenset[Role]] = {
     "raft.read": _READ,
     # service discovery; which tenants' services is lattice_api.access.service_tenants
     "service.read": _READ,
+    # the nodes' uenv image caches: anyone reads them, system admins warm and evict
+    "cache.read": _READ,
+    "cache.admin": frozenset({Role.SYSTEM_ADMIN}),
     "quorum.internal": frozenset({Role.SYSTEM_ADMIN, Role.AGENT}),
 }
 _ADMIN_ONLY = frozenset({Role.SYSTEM_ADMIN})  # any permission not listed in ROLES
@@ -89,6 +92,9 @@ RPCS: dict[str, str] = {
     "NodeService.Heartbeat": "node.agent",
     "NodeService.WatchDesiredState": "node.agent",
     "NodeService.GetNodeHealth": NOT_BUILT,
+    "NodeService.CacheStatus": "cache.read",
+    "NodeService.WarmCache": "cache.admin",
+    "NodeService.EvictCache": "cache.admin",
     "AdminService.CreateTenant": "tenant.admin",
     "AdminService.ListTenants": "tenant.read",
     "AdminService.GetTenant": "tenant.read",
@@ -151,6 +157,10 @@ ROUTES: dict[str, str] = {
     _NODE_ACTION + "disable": "node.admin",
     _NODE_ACTION + "enable": "node.admin",
     _NODE_ACTION + "release": "node.release",
+    # the nodes' uenv image caches (lattice cache status|warm|evict)
+    "GET /api/v1/cache": "cache.read",
+    "POST /api/v1/cache/warm": "cache.admin",
+    "POST /api/v1/cache/evict": "cache.admin",
     "GET /api/v1/tenants": "tenant.read",
     "POST /api/v1/tenants": "tenant.admin",
     "GET /api/v1/tenants/{name}": "tenant.read",

@@ -146,14 +146,15 @@ def print_api_error(state: State, exc: Any) -> None:
         debug(f"{type(exc).__name__} status={exc.status_code} code={exc.code!r}")
 
 
-def make_client(state: State) -> Any:
-    """A :class:`lattice_sdk.LatticeClient` for the configured endpoint, tenant and token."""
+def make_client(state: State, *, min_timeout: float = 0.0) -> Any:
+    """A :class:`lattice_sdk.LatticeClient` for the configured endpoint, tenant and token;
+    its timeout is ``LATTICE_TIMEOUT`` (30 s), at least ``min_timeout``."""
     from lattice_sdk import LatticeClient
 
     cfg = state.config
     endpoint = cfg.parsed_endpoint
     headers = {"x-lattice-tenant": cfg.tenant} if cfg.tenant else {}
-    timeout = float(os.environ.get("LATTICE_TIMEOUT") or 30)
+    timeout = max(float(os.environ.get("LATTICE_TIMEOUT") or 30), min_timeout)
     return LatticeClient(
         endpoint.host,
         endpoint.port,
@@ -165,8 +166,9 @@ def make_client(state: State) -> Any:
     )
 
 
-def run_api(state: State, fn: Any) -> Any:
-    """Run ``await fn(client)`` with a client for the configured endpoint.
+def run_api(state: State, fn: Any, *, min_timeout: float = 0.0) -> Any:
+    """Run ``await fn(client)`` with a client for the configured endpoint (requests time
+    out after ``LATTICE_TIMEOUT``, at least ``min_timeout`` seconds).
 
     SDK errors are printed (exit 1); Ctrl-C exits 130 without a traceback.
     """
@@ -175,7 +177,7 @@ def run_api(state: State, fn: Any) -> Any:
     from lattice_sdk import LatticeError
 
     async def go() -> Any:
-        async with make_client(state) as client:
+        async with make_client(state, min_timeout=min_timeout) as client:
             return await fn(client)
 
     try:

@@ -42,6 +42,7 @@ COMMANDS: dict[str, str] = {
     "dag": "lattice_cli.commands.dag",
     "nodes": "lattice_cli.commands.nodes",
     "services": "lattice_cli.commands.services",
+    "cache": "lattice_cli.commands.cache",
     "usage": "lattice_cli.commands.usage",
     "node": "lattice_cli.commands.node",
     "admin": "lattice_cli.commands.admin",

@@ -139,6 +139,8 @@ class Agent:
             identities=identities,
             scratch=self.scratch,
         )
+        # the uenv image cache (also served to `lattice cache` by NodeAgentService)
+        self.uenv = uenv
         # prologues of Staging allocations (uenv/image fetch, site hook), epilogues
         self.prologues = PrologueManager(
             node_id,
@@ -211,6 +213,7 @@ class Agent:
                     fences=self.fences,
                     launches=self.launches,
                     attaches=self.attaches,
+                    uenv=self.uenv,
                 )
             ]
         )

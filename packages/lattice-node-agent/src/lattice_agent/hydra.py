@@ -234,6 +234,15 @@ class AllocationAgentService(v1.NodeAgentServiceBase):
     async def abort(self, message: v1.AbortRequest) -> v1.AbortResponse:
         raise _denied("Abort is not served on an allocation socket")
 
+    async def cache_status(self, message: v1.CacheStatusRequest) -> v1.NodeCacheStatus:
+        raise _denied("CacheStatus is not served on an allocation socket")
+
+    async def cache_warm(self, message: v1.CacheImageRequest) -> v1.CachedImage:
+        raise _denied("CacheWarm is not served on an allocation socket")
+
+    async def cache_evict(self, message: v1.CacheImageRequest) -> v1.CacheEvictResponse:
+        raise _denied("CacheEvict is not served on an allocation socket")
+
 
 def write_host_file(path: Path, nodes: list[str]) -> None:
     """Hydra's host file: one node per line (replaced atomically)."""

@@ -2,9 +2,10 @@
 
 LaunchProcesses, WatchLaunch and Abort go to the agent's ``LaunchManager``
 (``pmi.launches``); PmiFence serves the cross-node fences this agent collects
-(``pmi.fence``); Attach goes to the agent's ``AttachManager`` (``attach``). The RPCs
-of the contract that later work builds (desired state pushes) answer UNIMPLEMENTED
-naming the RPC.
+(``pmi.fence``); Attach goes to the agent's ``AttachManager`` (``attach``);
+CacheStatus, CacheWarm and CacheEvict to its uenv image cache (``uenv.UenvCache``,
+file work in a thread; ``lattice cache``). The RPCs of the contract that later work
+builds (desired state pushes) answer UNIMPLEMENTED naming the RPC.
 
 When an agent token is configured every call must carry it (``Authorization:
 Bearer``): these RPCs start processes inside allocations.
@@ -12,6 +13,7 @@ Bearer``): these RPCs start processes inside allocations.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +22,13 @@ import grpclib
 from grpclib.const import Status
 from grpclib.events import RecvRequest, listen
 from grpclib.server import Server
-from lattice_common.errors import LatticeError, Unauthenticated
+from lattice_common.errors import (
+    InvalidTransition,
+    LatticeError,
+    NotFound,
+    Unauthenticated,
+    Unavailable,
+)
 from lattice_common.proto.lattice import v1
 from lattice_common.rpc import grpc_error
 
@@ -37,6 +45,17 @@ from lattice_agent.pmi.fence import (
 from lattice_agent.pmi.launches import LaunchManager
 from lattice_agent.pmi.wire import PmiProtocolError, decode_kvs, encode_kvs
 from lattice_agent.runtime import ProcessRuntime
+from lattice_agent.uenv import (
+    CacheEntry,
+    UenvCache,
+    UenvDisabled,
+    UenvError,
+    UenvHashMismatch,
+    UenvInUse,
+    UenvNotFound,
+    UenvSignatureError,
+    UenvUnreachable,
+)
 
 
 class NodeAgentService(v1.NodeAgentServiceBase):
@@ -48,6 +67,7 @@ class NodeAgentService(v1.NodeAgentServiceBase):
         fences: FenceRegistry | None = None,
         launches: LaunchManager | None = None,
         attaches: AttachManager | None = None,
+        uenv: UenvCache | None = None,
     ) -> None:
         self.node_id = node_id
         self.runtime = runtime
@@ -56,6 +76,10 @@ class NodeAgentService(v1.NodeAgentServiceBase):
         self.fences = fences if fences is not None else FenceRegistry()
         self.launches = launches
         self.attaches = attaches
+        #: the node's uenv image cache (None: uenv disabled here)
+        self.uenv = uenv
+        # warms in progress by ref: [lock, callers] (one fetch of a ref at a time)
+        self._warming: dict[str, list] = {}  # type: ignore[type-arg]
         self._last_fence: tuple[dict[str, str], bytes] | None = None
 
     async def stream_logs(self, message: v1.LogRequest) -> AsyncIterator[v1.LogLine]:
@@ -173,6 +197,112 @@ class NodeAgentService(v1.NodeAgentServiceBase):
                 "through the API; name a launch (task_id) to abort one",
             )
         return v1.AbortResponse(killed=self._manager().abort(message))
+
+    # ------------------------------------------------------------------ uenv cache
+
+    def _cache(self) -> UenvCache:
+        if self.uenv is None:
+            raise grpc_error(
+                InvalidTransition(
+                    f"uenv is not enabled on node {self.node_id}",
+                    details={"node": self.node_id, "cause": "uenv_disabled"},
+                    hint="Configure node_agent.uenv_registry on the node.",
+                )
+            )
+        return self.uenv
+
+    async def cache_status(self, message: v1.CacheStatusRequest) -> v1.NodeCacheStatus:
+        if self.uenv is None:
+            return v1.NodeCacheStatus(node=self.node_id, ok=True, enabled=False)
+        st = await asyncio.to_thread(self.uenv.status)
+        images: list[dict[str, object]] = st["images"]  # type: ignore[assignment]
+        return v1.NodeCacheStatus(
+            node=self.node_id,
+            ok=True,
+            enabled=bool(st["enabled"]),
+            cache_dir=str(st["cache_dir"]),
+            max_bytes=int(st["max_bytes"]),  # type: ignore[call-overload]
+            used_bytes=int(st["used_bytes"]),  # type: ignore[call-overload]
+            images=[v1.CachedImage(**img) for img in images],  # type: ignore[arg-type]
+        )
+
+    async def cache_warm(self, message: v1.CacheImageRequest) -> v1.CachedImage:
+        """Fetch ``ref`` into the cache (verified), in a thread; its cache entry. Warms of
+        one ref on this node wait for each other (one copy at a time)."""
+        cache = self._cache()
+        ref = message.ref.strip()
+        held = self._warming.setdefault(ref, [asyncio.Lock(), 0])
+        held[1] += 1
+        try:
+            async with held[0]:
+                entry = await asyncio.to_thread(_warm, cache, ref)
+        except (UenvError, OSError) as e:
+            raise grpc_error(self._cache_error(ref, e)) from None
+        finally:
+            held[1] -= 1
+            if not held[1]:
+                self._warming.pop(ref, None)
+        if entry is None:  # another fetch evicted it at once (the cache is over its limit)
+            raise grpc_error(
+                LatticeError(
+                    f"uenv {ref}: evicted from the cache of node {self.node_id} as it was warmed",
+                    details={"node": self.node_id, "cause": "evicted"},
+                    hint="The cache is full of images in use; see `lattice cache status`.",
+                )
+            )
+        return _cached_image(entry)
+
+    async def cache_evict(self, message: v1.CacheImageRequest) -> v1.CacheEvictResponse:
+        """Remove ``ref`` from the cache unless an allocation here uses it."""
+        cache = self._cache()
+        ref = message.ref.strip()
+        try:
+            removed = await asyncio.to_thread(cache.remove, ref)
+        except (UenvError, OSError) as e:
+            raise grpc_error(self._cache_error(ref, e)) from None
+        return v1.CacheEvictResponse(removed=[_cached_image(e) for e in removed])
+
+    def _cache_error(self, ref: str, e: UenvError | OSError) -> LatticeError:
+        """A cache failure as the typed error the API passes on (``details.cause``)."""
+        node = self.node_id
+        if isinstance(e, OSError):
+            return LatticeError(
+                f"uenv {ref}: cache on node {node}: {e.strerror or e}",
+                details={"node": node, "cause": "io_error"},
+                hint="Check node_agent.uenv_cache_dir on the node (space, permissions).",
+            )
+        details: dict[str, object] = {"node": node}
+        if isinstance(e, UenvInUse):
+            details.update(cause="in_use", allocations=", ".join(e.allocations))
+            return InvalidTransition(e.message, details=details, hint=e.hint)
+        if isinstance(e, UenvNotFound):
+            details["cause"] = "not_found"
+            if e.available:
+                details["available"] = ", ".join(e.available)
+            return NotFound(e.message, details=details, hint=e.hint)
+        kinds: list[tuple[type[UenvError], str, type[LatticeError]]] = [
+            (UenvDisabled, "uenv_disabled", InvalidTransition),
+            (UenvHashMismatch, "hash_mismatch", InvalidTransition),
+            (UenvSignatureError, "signature", InvalidTransition),
+            (UenvUnreachable, "registry_unreachable", Unavailable),
+        ]
+        for kind, cause, cls in kinds:
+            if isinstance(e, kind):
+                details["cause"] = cause
+                return cls(e.message, details=details, hint=e.hint)
+        details["cause"] = "fetch_failed"
+        return LatticeError(e.message, details=details, hint=e.hint)
+
+
+def _warm(cache: UenvCache, ref: str) -> CacheEntry | None:
+    path = cache.fetch(ref)
+    return next((e for e in cache.entries() if e.path == path), None)
+
+
+def _cached_image(e: CacheEntry) -> v1.CachedImage:
+    return v1.CachedImage(
+        ref=e.ref, sha256=e.sha256, size=e.size, last_access=e.last_access, in_use=e.in_use
+    )
 
 
 def require_token(server: Server, token: str | None) -> None:

@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,7 @@ __all__ = [
     "UenvError",
     "UenvHashMismatch",
     "UenvImage",
+    "UenvInUse",
     "UenvNotFound",
     "UenvRegistry",
     "UenvSignatureError",
@@ -138,6 +140,14 @@ def read_env_json(image: Path, ref: str) -> bytes | None:
         ) from None
     except OSError as e:
         raise UenvError(f"uenv {ref}: cannot read {ENV_JSON}: {e}") from None
+
+
+class UenvInUse(UenvError):
+    """An image cannot be removed: allocations on the node use it (``allocations``)."""
+
+    def __init__(self, message: str, *, hint: str = "", allocations: tuple[str, ...] = ()) -> None:
+        super().__init__(message, hint=hint)
+        self.allocations = allocations
 
 
 @dataclass(frozen=True)
@@ -230,7 +240,8 @@ class UenvCache:
 
     def _copy_verified(self, image: UenvImage, target: Path) -> None:
         assert self.registry is not None
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        # one temporary file per copy: a warm and a prologue may fetch the same image at once
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
         digest = hashlib.sha256()
         try:
             with self.registry.open_image(image) as src, open(tmp, "wb") as dst:
@@ -323,6 +334,49 @@ class UenvCache:
                 self.max_bytes,
             )
         return removed
+
+    def remove(self, ref: str) -> list[CacheEntry]:
+        """Remove the cached image(s) of ``ref`` (``lattice cache evict``): the registry key
+        they were fetched as (as :meth:`status` shows it; untagged, the only cached tag of
+        that name/version) or an image's sha256. Several when the registry re-published
+        the ref. :class:`UenvNotFound` when none is cached; :class:`UenvInUse`, with
+        nothing removed, while an allocation pins one of them."""
+        want = ref.strip()
+        entries = self.entries()
+        found = [e for e in entries if want and want in (e.ref, e.sha256)]
+        if not found and want and ":" not in want:
+            found = [e for e in entries if e.ref.split(":", 1)[0] == want]
+            if len({e.ref for e in found}) > 1:
+                refs = ", ".join(sorted({e.ref for e in found}))
+                raise UenvNotFound(
+                    f"uenv {want}: several tags are cached ({refs})",
+                    hint="Name one with its tag, e.g. --image=" + sorted({e.ref for e in found})[0],
+                )
+        if not found:
+            cached = ", ".join(sorted({e.ref or e.sha256 for e in entries})) or "none"
+            raise UenvNotFound(
+                f"uenv {want} is not cached on this node (cached: {cached})",
+                hint="See what each node caches with `lattice cache status`.",
+            )
+        users: dict[str, set[str]] = {}
+        with contextlib.suppress(OSError):
+            for pin in self._pins.iterdir():
+                with contextlib.suppress(OSError):
+                    users.setdefault(pin.read_text().strip(), set()).add(pin.name)
+        busy = sorted(set().union(*(users.get(e.path.name, set()) for e in found)))
+        if busy:
+            raise UenvInUse(
+                f"image {want} is in use by allocation(s) {', '.join(busy)}",
+                hint="It can be evicted once they end; `lattice status ID` shows them.",
+                allocations=tuple(busy),
+            )
+        for e in found:
+            with contextlib.suppress(FileNotFoundError):
+                e.path.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                e.path.with_suffix(".ref").unlink()
+            log.info("uenv cache: removed %s (%s, %d bytes)", e.ref or e.sha256, e.path, e.size)
+        return found
 
     def status(self) -> dict[str, object]:
         entries = self.entries()

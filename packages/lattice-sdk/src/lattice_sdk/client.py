@@ -520,6 +520,44 @@ class LatticeClient:
         """End your sensitive claim on an idle node (administrators: anyone's)."""
         return await self._node_action(node_id, "release")
 
+    # ------------------------------------------------------------------ uenv caches
+
+    async def cache_status(self, node: str | None = None) -> list[dict[str, Any]]:
+        """The uenv image cache of ``node`` or of every node, one dict per node:
+        ``{node, ok, enabled, cache_dir, max_bytes, used_bytes, images: [{ref, sha256,
+        size, last_access, in_use}]}``; a node whose agent did not answer is ``{node,
+        ok: False, error: {code, message, details, hint}}``."""
+        data = await self._call("GET", "/cache", params={"node": node})
+        return list(data.get("nodes", []))
+
+    async def warm_cache(
+        self,
+        image: str,
+        *,
+        nodes: list[str] | None = None,
+        group: int | None = None,
+        all: bool = False,
+    ) -> dict[str, Any]:
+        """Fetch the uenv ``image`` (``name/version[:tag]``) into the caches of ``nodes``,
+        of every node of dragonfly ``group``, or of ``all`` nodes (exactly one; system
+        admins): ``{image, results: [{node, ok, image | error}]}``, one result per node
+        (a node that failed does not fail the call). The server waits for every copy,
+        so a large image needs a client ``timeout`` to match."""
+        body: dict[str, Any] = {"image": image}
+        if nodes is not None:
+            body["nodes"] = list(nodes)
+        if group is not None:
+            body["group"] = group
+        if all:
+            body["all"] = True
+        return await self._call("POST", "/cache/warm", body=body)
+
+    async def evict_cache(self, image: str, node: str) -> dict[str, Any]:
+        """Remove ``image`` (a uenv ref, or an image's sha256) from ``node``'s cache (system
+        admins): ``{image, results: [{node, ok, image}]}``. Refused while an allocation
+        on the node uses it (409) and when it is not cached there (404)."""
+        return await self._call("POST", "/cache/evict", body={"image": image, "node": node})
+
     # ------------------------------------------------------------------ tenants
 
     async def list_tenants(self) -> list[Tenant]:

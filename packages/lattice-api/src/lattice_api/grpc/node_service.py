@@ -1,8 +1,10 @@
-"""gRPC adapter of NodeService: proto messages in, NodeOps, proto out."""
+"""gRPC adapter of NodeService: proto messages in, NodeOps (and CacheOps for the
+nodes' uenv caches), proto out."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 from lattice_common.errors import ValidationError
@@ -11,12 +13,44 @@ from lattice_common.types import AllocationReport, Node
 from lattice_common.wire import from_message, to_message
 
 from lattice_api.grpc.context import who
+from lattice_api.ops.cache import CacheOps
 from lattice_api.ops.nodes import NodeOps
 
 
+def _error(d: dict[str, Any] | None) -> v1.ErrorDetail | None:
+    if not d:
+        return None
+    return v1.ErrorDetail(
+        code=d.get("code", ""),
+        message=d.get("message", ""),
+        details={k: str(v) for k, v in (d.get("details") or {}).items()},
+        hint=d.get("hint", ""),
+    )
+
+
+def _image(d: dict[str, Any] | None) -> v1.CachedImage | None:
+    return v1.CachedImage(**d) if d else None
+
+
+def _results(out: dict[str, Any]) -> v1.CacheActionResponse:
+    return v1.CacheActionResponse(
+        image=out["image"],
+        results=[
+            v1.NodeCacheResult(
+                node=r["node"],
+                ok=r["ok"],
+                error=_error(r.get("error")),
+                image=_image(r.get("image")),
+            )
+            for r in out["results"]
+        ],
+    )
+
+
 class NodeService(v1.NodeServiceBase):
-    def __init__(self, ops: NodeOps) -> None:
+    def __init__(self, ops: NodeOps, cache: CacheOps) -> None:
         self.ops = ops
+        self.cache = cache
 
     async def list_nodes(self, message: v1.ListNodesRequest) -> v1.ListNodesResponse:
         nodes = self.ops.list(who(), state=message.state or None)
@@ -79,6 +113,39 @@ class NodeService(v1.NodeServiceBase):
                 generation=gen,
                 allocations=[to_message(a, v1.Allocation) for a in allocs],
             )
+
+    # --- the nodes' uenv image caches ----------------------------------------------------
+
+    async def cache_status(self, message: v1.GetCacheStatusRequest) -> v1.CacheStatusResponse:
+        out = await self.cache.status(who(), message.node or None)
+        return v1.CacheStatusResponse(
+            nodes=[
+                v1.NodeCacheStatus(
+                    node=n["node"],
+                    ok=n["ok"],
+                    error=_error(n.get("error")),
+                    enabled=n.get("enabled", False),
+                    cache_dir=n.get("cache_dir", ""),
+                    max_bytes=n.get("max_bytes", 0),
+                    used_bytes=n.get("used_bytes", 0),
+                    images=[v1.CachedImage(**i) for i in n.get("images", [])],
+                )
+                for n in out["nodes"]
+            ]
+        )
+
+    async def warm_cache(self, message: v1.WarmCacheRequest) -> v1.CacheActionResponse:
+        out = await self.cache.warm(
+            who(),
+            message.image,
+            nodes=list(message.nodes),
+            group=message.group,
+            all=message.all,
+        )
+        return _results(out)
+
+    async def evict_cache(self, message: v1.EvictCacheRequest) -> v1.CacheActionResponse:
+        return _results(await self.cache.evict(who(), message.image, message.node))
 
 
 __all__ = ["NodeService"]

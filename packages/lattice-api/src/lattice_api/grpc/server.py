@@ -98,7 +98,7 @@ def build_grpc_server(ops: Operations, auth: Authenticator) -> Server:
     server = Server(
         [
             AllocationService(ops.allocations, ops.launches, ops.dags, ops.attach, ops.sessions),
-            NodeService(ops.nodes),
+            NodeService(ops.nodes, ops.cache),
             AdminService(ops.admin, ops.usage, ops.queue, ops.services),
             QuorumService(ops.quorum),
         ]

@@ -12,6 +12,7 @@ from lattice_api.rest import (
     admin,
     allocations,
     attach,
+    cache,
     dags,
     launches,
     nodes,
@@ -39,6 +40,7 @@ def build_rest_app(ops: Operations, auth: Authenticator) -> web.Application:
         usage,
         queue,
         services,
+        cache,
     ):
         routes.add_routes(app.router, ops)
     return app

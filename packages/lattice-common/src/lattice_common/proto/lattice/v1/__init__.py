@@ -20,6 +20,12 @@ __all__ = (
     "AttachStart",
     "AuditEntry",
     "BackupInfo",
+    "CacheActionResponse",
+    "CacheEvictResponse",
+    "CacheImageRequest",
+    "CacheStatusRequest",
+    "CacheStatusResponse",
+    "CachedImage",
     "CancelAllocationRequest",
     "CancelDagRequest",
     "CancelDagResponse",
@@ -49,10 +55,12 @@ __all__ = (
     "DiagnosticCheck",
     "Diagnostics",
     "ErrorDetail",
+    "EvictCacheRequest",
     "ExposedPort",
     "GetAccountingUsageRequest",
     "GetAccountingUsageResponse",
     "GetAllocationRequest",
+    "GetCacheStatusRequest",
     "GetDagRequest",
     "GetDiagnosticsRequest",
     "GetLogsRequest",
@@ -104,6 +112,8 @@ __all__ = (
     "NodeActionRequest",
     "NodeAgentServiceBase",
     "NodeAgentServiceStub",
+    "NodeCacheResult",
+    "NodeCacheStatus",
     "NodeCapabilities",
     "NodeHealth",
     "NodeServiceBase",
@@ -149,6 +159,7 @@ __all__ = (
     "VClusterQueue",
     "VerifyBackupRequest",
     "VerifyBackupResponse",
+    "WarmCacheRequest",
     "WatchAllocationsRequest",
     "WatchDesiredStateRequest",
     "WatchLaunchRequest",
@@ -898,6 +909,100 @@ default_message_pool.register_message("lattice.v1", "BackupInfo", BackupInfo)
 
 
 @dataclass(eq=False, repr=False)
+class CacheActionResponse(betterproto2.Message):
+    image: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    the image asked for
+    """
+
+    results: "list[NodeCacheResult]" = betterproto2.field(
+        2, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    per node, sorted by node id
+    """
+
+
+default_message_pool.register_message("lattice.v1", "CacheActionResponse", CacheActionResponse)
+
+
+@dataclass(eq=False, repr=False)
+class CachedImage(betterproto2.Message):
+    """
+    One image in a node's uenv cache (lattice_agent.uenv.UenvCache).
+    """
+
+    ref: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    the registry key it was fetched as (name/version:tag); "" = unknown
+    """
+
+    sha256: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    content hash, verified when it was copied in
+    """
+
+    size: "int" = betterproto2.field(3, betterproto2.TYPE_INT64)
+    """
+    bytes
+    """
+
+    last_access: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
+    """
+    last use (unix seconds): a fetch, a warm, a job start
+    """
+
+    in_use: "bool" = betterproto2.field(5, betterproto2.TYPE_BOOL)
+    """
+    pinned by an allocation on the node: never evicted
+    """
+
+
+default_message_pool.register_message("lattice.v1", "CachedImage", CachedImage)
+
+
+@dataclass(eq=False, repr=False)
+class CacheEvictResponse(betterproto2.Message):
+    removed: "list[CachedImage]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    what was removed (several when a ref was re-published)
+    """
+
+
+default_message_pool.register_message("lattice.v1", "CacheEvictResponse", CacheEvictResponse)
+
+
+@dataclass(eq=False, repr=False)
+class CacheImageRequest(betterproto2.Message):
+    ref: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    uenv name/version[:tag]; evict also takes the image's sha256
+    """
+
+
+default_message_pool.register_message("lattice.v1", "CacheImageRequest", CacheImageRequest)
+
+
+@dataclass(eq=False, repr=False)
+class CacheStatusRequest(betterproto2.Message):
+    pass
+
+
+default_message_pool.register_message("lattice.v1", "CacheStatusRequest", CacheStatusRequest)
+
+
+@dataclass(eq=False, repr=False)
+class CacheStatusResponse(betterproto2.Message):
+    nodes: "list[NodeCacheStatus]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    sorted by node id
+    """
+
+
+default_message_pool.register_message("lattice.v1", "CacheStatusResponse", CacheStatusResponse)
+
+
+@dataclass(eq=False, repr=False)
 class CancelAllocationRequest(betterproto2.Message):
     id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -1505,6 +1610,22 @@ default_message_pool.register_message("lattice.v1", "ErrorDetail", ErrorDetail)
 
 
 @dataclass(eq=False, repr=False)
+class EvictCacheRequest(betterproto2.Message):
+    image: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    uenv name/version[:tag] (or the image's sha256)
+    """
+
+    node: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    node id
+    """
+
+
+default_message_pool.register_message("lattice.v1", "EvictCacheRequest", EvictCacheRequest)
+
+
+@dataclass(eq=False, repr=False)
 class ExposedPort(betterproto2.Message):
     """
     A named port a service allocation exposes (spec: connectivity.expose); mirrors
@@ -1613,6 +1734,17 @@ class GetAllocationRequest(betterproto2.Message):
 
 
 default_message_pool.register_message("lattice.v1", "GetAllocationRequest", GetAllocationRequest)
+
+
+@dataclass(eq=False, repr=False)
+class GetCacheStatusRequest(betterproto2.Message):
+    node: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    one node; "" = every node
+    """
+
+
+default_message_pool.register_message("lattice.v1", "GetCacheStatusRequest", GetCacheStatusRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -2977,6 +3109,88 @@ default_message_pool.register_message("lattice.v1", "NodeActionRequest", NodeAct
 
 
 @dataclass(eq=False, repr=False)
+class NodeCacheResult(betterproto2.Message):
+    """
+    What one node did with a cache action.
+    """
+
+    node: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    node id
+    """
+
+    ok: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+    """
+    done on this node
+    """
+
+    error: "ErrorDetail | None" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    why not, when ok is false
+    """
+
+    image: "CachedImage | None" = betterproto2.field(4, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    the image warmed, or evicted
+    """
+
+
+default_message_pool.register_message("lattice.v1", "NodeCacheResult", NodeCacheResult)
+
+
+@dataclass(eq=False, repr=False)
+class NodeCacheStatus(betterproto2.Message):
+    """
+    A node's uenv image cache (`lattice cache status`): served by its agent
+    (NodeAgentService.CacheStatus) and, per node, by the API (NodeService.CacheStatus),
+    where `ok` false with `error` says why the node did not answer.
+    """
+
+    node: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    node id
+    """
+
+    ok: "bool" = betterproto2.field(2, betterproto2.TYPE_BOOL)
+    """
+    false: the node's agent did not answer (see error)
+    """
+
+    error: "ErrorDetail | None" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    why not, when ok is false
+    """
+
+    enabled: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+    """
+    false: node_agent.uenv_registry is empty on the node
+    """
+
+    cache_dir: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    node_agent.uenv_cache_dir
+    """
+
+    max_bytes: "int" = betterproto2.field(6, betterproto2.TYPE_INT64)
+    """
+    size limit; least recently used images above it are evicted
+    """
+
+    used_bytes: "int" = betterproto2.field(7, betterproto2.TYPE_INT64)
+    """
+    bytes of cached images
+    """
+
+    images: "list[CachedImage]" = betterproto2.field(8, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    most recently used first
+    """
+
+
+default_message_pool.register_message("lattice.v1", "NodeCacheStatus", NodeCacheStatus)
+
+
+@dataclass(eq=False, repr=False)
 class NodeCapabilities(betterproto2.Message):
     """
     Hardware of a node; mirrors lattice_common.types.NodeCapabilities.
@@ -4282,6 +4496,36 @@ default_message_pool.register_message("lattice.v1", "VerifyBackupResponse", Veri
 
 
 @dataclass(eq=False, repr=False)
+class WarmCacheRequest(betterproto2.Message):
+    """
+    Which nodes warm an image: exactly one of nodes, group or all.
+    """
+
+    image: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    uenv name/version[:tag]
+    """
+
+    nodes: "list[str]" = betterproto2.field(2, betterproto2.TYPE_STRING, repeated=True)
+    """
+    these nodes
+    """
+
+    group: "int | None" = betterproto2.field(3, betterproto2.TYPE_INT32, optional=True)
+    """
+    every node of this dragonfly group
+    """
+
+    all: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+    """
+    every node
+    """
+
+
+default_message_pool.register_message("lattice.v1", "WarmCacheRequest", WarmCacheRequest)
+
+
+@dataclass(eq=False, repr=False)
 class WatchAllocationsRequest(betterproto2.Message):
     id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -5396,6 +5640,76 @@ class NodeAgentServiceStub(betterproto2_grpclib.ServiceStub):
         ):
             yield response
 
+    async def cache_status(
+        self,
+        message: "CacheStatusRequest | None" = None,
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "NodeCacheStatus":
+        """
+        The node's uenv image cache: limit, usage and images (`lattice cache status`).
+        """
+
+        if message is None:
+            message = CacheStatusRequest()
+
+        return await self._unary_unary(
+            "/lattice.v1.NodeAgentService/CacheStatus",
+            message,
+            NodeCacheStatus,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def cache_warm(
+        self,
+        message: "CacheImageRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "CachedImage":
+        """
+        Fetch a uenv into the cache, verified against the registry's sha256 (a cached one
+        is only marked used); answers its entry. Errors: unknown ref (NOT_FOUND), hash or
+        signature mismatch and uenv disabled (FAILED_PRECONDITION), registry unreachable
+        (UNAVAILABLE); details.cause names which.
+        """
+
+        return await self._unary_unary(
+            "/lattice.v1.NodeAgentService/CacheWarm",
+            message,
+            CachedImage,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def cache_evict(
+        self,
+        message: "CacheImageRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "CacheEvictResponse":
+        """
+        Remove a uenv from the cache: NOT_FOUND when it is not cached, FAILED_PRECONDITION
+        while an allocation on the node uses it.
+        """
+
+        return await self._unary_unary(
+            "/lattice.v1.NodeAgentService/CacheEvict",
+            message,
+            CacheEvictResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class NodeServiceStub(betterproto2_grpclib.ServiceStub):
     async def list_nodes(
@@ -5625,6 +5939,70 @@ class NodeServiceStub(betterproto2_grpclib.ServiceStub):
             "/lattice.v1.NodeService/GetNodeHealth",
             message,
             NodeHealth,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def cache_status(
+        self,
+        message: "GetCacheStatusRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "CacheStatusResponse":
+        """
+        uenv image caches of one node or every node, asked of their agents at once; a node
+        whose agent does not answer is a NodeCacheStatus with ok false, not an error.
+        """
+
+        return await self._unary_unary(
+            "/lattice.v1.NodeService/CacheStatus",
+            message,
+            CacheStatusResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def warm_cache(
+        self,
+        message: "WarmCacheRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "CacheActionResponse":
+        """
+        Fetch a uenv into the caches of some nodes (system admin): per-node results.
+        """
+
+        return await self._unary_unary(
+            "/lattice.v1.NodeService/WarmCache",
+            message,
+            CacheActionResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def evict_cache(
+        self,
+        message: "EvictCacheRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "CacheActionResponse":
+        """
+        Remove a uenv from one node's cache (system admin); refused while in use there.
+        """
+
+        return await self._unary_unary(
+            "/lattice.v1.NodeService/EvictCache",
+            message,
+            CacheActionResponse,
             timeout=timeout,
             deadline=deadline,
             metadata=metadata,
@@ -6651,6 +7029,31 @@ class NodeAgentServiceBase(betterproto2_grpclib.ServiceBase):
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
         yield LaunchEvent()
 
+    async def cache_status(self, message: "CacheStatusRequest") -> "NodeCacheStatus":
+        """
+        The node's uenv image cache: limit, usage and images (`lattice cache status`).
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def cache_warm(self, message: "CacheImageRequest") -> "CachedImage":
+        """
+        Fetch a uenv into the cache, verified against the registry's sha256 (a cached one
+        is only marked used); answers its entry. Errors: unknown ref (NOT_FOUND), hash or
+        signature mismatch and uenv disabled (FAILED_PRECONDITION), registry unreachable
+        (UNAVAILABLE); details.cause names which.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def cache_evict(self, message: "CacheImageRequest") -> "CacheEvictResponse":
+        """
+        Remove a uenv from the cache: NOT_FOUND when it is not cached, FAILED_PRECONDITION
+        while an allocation on the node uses it.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_sync_desired_state(
         self, stream: "grpclib.server.Stream[DesiredState, SyncAck]"
     ) -> None:
@@ -6713,6 +7116,30 @@ class NodeAgentServiceBase(betterproto2_grpclib.ServiceBase):
             request,
         )
 
+    async def __rpc_cache_status(
+        self, stream: "grpclib.server.Stream[CacheStatusRequest, NodeCacheStatus]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.cache_status(request)
+        await stream.send_message(response)
+
+    async def __rpc_cache_warm(
+        self, stream: "grpclib.server.Stream[CacheImageRequest, CachedImage]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.cache_warm(request)
+        await stream.send_message(response)
+
+    async def __rpc_cache_evict(
+        self, stream: "grpclib.server.Stream[CacheImageRequest, CacheEvictResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.cache_evict(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/lattice.v1.NodeAgentService/SyncDesiredState": grpclib.const.Handler(
@@ -6756,6 +7183,24 @@ class NodeAgentServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_STREAM,
                 WatchLaunchRequest,
                 LaunchEvent,
+            ),
+            "/lattice.v1.NodeAgentService/CacheStatus": grpclib.const.Handler(
+                self.__rpc_cache_status,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                CacheStatusRequest,
+                NodeCacheStatus,
+            ),
+            "/lattice.v1.NodeAgentService/CacheWarm": grpclib.const.Handler(
+                self.__rpc_cache_warm,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                CacheImageRequest,
+                CachedImage,
+            ),
+            "/lattice.v1.NodeAgentService/CacheEvict": grpclib.const.Handler(
+                self.__rpc_cache_evict,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                CacheImageRequest,
+                CacheEvictResponse,
             ),
         }
 
@@ -6837,6 +7282,28 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
     async def get_node_health(self, message: "GetNodeRequest") -> "NodeHealth":
         """
         Last known health and heartbeat of a node (leader memory, not Raft).
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def cache_status(self, message: "GetCacheStatusRequest") -> "CacheStatusResponse":
+        """
+        uenv image caches of one node or every node, asked of their agents at once; a node
+        whose agent does not answer is a NodeCacheStatus with ok false, not an error.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def warm_cache(self, message: "WarmCacheRequest") -> "CacheActionResponse":
+        """
+        Fetch a uenv into the caches of some nodes (system admin): per-node results.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def evict_cache(self, message: "EvictCacheRequest") -> "CacheActionResponse":
+        """
+        Remove a uenv from one node's cache (system admin); refused while in use there.
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
@@ -6930,6 +7397,30 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.get_node_health(request)
         await stream.send_message(response)
 
+    async def __rpc_cache_status(
+        self, stream: "grpclib.server.Stream[GetCacheStatusRequest, CacheStatusResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.cache_status(request)
+        await stream.send_message(response)
+
+    async def __rpc_warm_cache(
+        self, stream: "grpclib.server.Stream[WarmCacheRequest, CacheActionResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.warm_cache(request)
+        await stream.send_message(response)
+
+    async def __rpc_evict_cache(
+        self, stream: "grpclib.server.Stream[EvictCacheRequest, CacheActionResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.evict_cache(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/lattice.v1.NodeService/ListNodes": grpclib.const.Handler(
@@ -6997,6 +7488,24 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 GetNodeRequest,
                 NodeHealth,
+            ),
+            "/lattice.v1.NodeService/CacheStatus": grpclib.const.Handler(
+                self.__rpc_cache_status,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetCacheStatusRequest,
+                CacheStatusResponse,
+            ),
+            "/lattice.v1.NodeService/WarmCache": grpclib.const.Handler(
+                self.__rpc_warm_cache,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                WarmCacheRequest,
+                CacheActionResponse,
+            ),
+            "/lattice.v1.NodeService/EvictCache": grpclib.const.Handler(
+                self.__rpc_evict_cache,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                EvictCacheRequest,
+                CacheActionResponse,
             ),
         }
 
