@@ -186,3 +186,36 @@ async def test_an_unreachable_registry_is_unavailable(tmp_path: Path) -> None:
         assert status == 503
         assert err["error"]["message"].startswith(f"uenv registry {url} unreachable: ")
         assert not api.quorum.state.allocations
+
+
+async def test_sessions_and_dag_members_record_the_resolved_image(
+    served: tuple[LocalApi, Rest],
+) -> None:
+    api, rest = served
+    status, s = await rest.call(
+        "POST", "/api/v1/sessions", ALICE, {**BODY, "uenv": "prgenv-gnu/24.11"}
+    )
+    assert status == 201, s
+    stored = api.quorum.state.allocations[s["allocation_id"]]
+    assert (stored.spec.uenv, stored.uenv_sha256) == ("prgenv-gnu/24.11:v1", SHA_V1)
+
+    member = {"entrypoint": "make", "walltime": "1h"}
+    dag = {
+        "name": "pipeline",
+        "tenant": "physics",
+        "vcluster": "batch",
+        "allocations": [
+            {**member, "id": "build", "uenv": "prgenv-gnu/24.7:v2"},
+            {**member, "id": "plain", "depends_on": [{"ref": "build", "condition": "success"}]},
+        ],
+    }
+    status, out = await rest.call("POST", "/api/v1/dags", ALICE, dag)
+    assert status == 201, out
+    by_ref = {a["dag_ref"]: api.quorum.state.allocations[a["id"]] for a in out["allocations"]}
+    assert by_ref["build"].uenv_sha256 == SHA_V2 and by_ref["plain"].uenv_sha256 == ""
+    # an unknown uenv in one member refuses the whole DAG, nothing stored
+    before = len(api.quorum.state.allocations)
+    bad = {**dag, "allocations": [{**member, "id": "x", "uenv": "nope/1.0"}]}
+    status, err = await rest.call("POST", "/api/v1/dags", ALICE, bad)
+    assert status == 400 and "nope/1.0" in err["error"]["message"], err
+    assert len(api.quorum.state.allocations) == before

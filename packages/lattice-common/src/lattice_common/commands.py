@@ -77,6 +77,7 @@ class DagMemberSubmission(msgspec.Struct, kw_only=True):
     ref: str
     spec: AllocationSpec
     task_group: str = ""  # START-END[:STEP][%N]: a job array, one allocation per index
+    uenv_sha256: str = ""  # the image spec.uenv resolved to at submit (the API)
 
 
 class SubmitDag(Command, tag="submit_dag"):
@@ -101,6 +102,7 @@ class CreateSession(Command, tag="create_session"):
     """An interactive session: its allocation is submitted with it (one command)."""
 
     spec: AllocationSpec
+    uenv_sha256: str = ""  # the image spec.uenv resolved to at submit (the API)
 
 
 class DeleteSession(Command, tag="delete_session"):

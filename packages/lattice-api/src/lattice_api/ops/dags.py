@@ -207,11 +207,17 @@ class DagOps:
             )
 
         validate_dag(dag, max_size=self.max_size, validate_spec=check)
+        shas: dict[str, str] = {}
+        for ref, spec in specs.items():  # the registry's image for each member's uenv
+            specs[ref], shas[ref] = await self.allocations.resolve_uenv(spec)
         cmd = c.SubmitDag(
             name=dag.name,
             members=[
                 c.DagMemberSubmission(
-                    ref=m.id, spec=specs[m.id], task_group=_range_text(m.spec.get("task_group"))
+                    ref=m.id,
+                    spec=specs[m.id],
+                    task_group=_range_text(m.spec.get("task_group")),
+                    uenv_sha256=shas[m.id],
                 )
                 for m in dag.members
             ],

@@ -70,8 +70,10 @@ class SessionOps:
         if merged.get("walltime") in (None, "") and not merged.get("walltime_seconds"):
             merged["walltime"] = DEFAULT_WALLTIME
         merged.setdefault("name", "session")
-        spec = self.allocations.validate(who, merged)
-        res = raise_if_error(await self.quorum.propose(c.CreateSession(spec=spec, now=time.time())))
+        spec, sha = await self.allocations.resolve_uenv(self.allocations.validate(who, merged))
+        res = raise_if_error(
+            await self.quorum.propose(c.CreateSession(spec=spec, uenv_sha256=sha, now=time.time()))
+        )
         assert res.session is not None
         return session_view(res.session, res.allocation)
 

@@ -155,6 +155,7 @@ def submit_dag(state: GlobalState, cmd: c.SubmitDag, ch: Changes) -> c.CommandRe
                 task_group_id=group,
                 task_index=i,
                 task_group_concurrency=_concurrency(m.task_group),
+                uenv_sha256=m.uenv_sha256,
             )
             state.allocations[a.id] = a
             d.members[a.dag_ref] = a.id

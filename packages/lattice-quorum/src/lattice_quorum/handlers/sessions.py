@@ -60,7 +60,9 @@ def create_session(state: GlobalState, cmd: c.CreateSession, ch: Changes) -> c.C
             )
     spec = admitted(state, spec)
     bump(state)
-    a = Allocation(id=next_id(state, cmd.now), spec=spec, submitted_at=cmd.now)
+    a = Allocation(
+        id=next_id(state, cmd.now), spec=spec, submitted_at=cmd.now, uenv_sha256=cmd.uenv_sha256
+    )
     state.allocations[a.id] = a
     touch_alloc(state, a, ch)
     s = Session(
