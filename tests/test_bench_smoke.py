@@ -23,6 +23,7 @@ EXPECTED = {
     "scheduler_cycle.py": {"pending", "nodes", "median_s", "peak_rss_mb"},
     "pmi_fence.py": {"fence_ms", "fanout_256_ms"},
     "dag.py": {"chain_per_stage_ms", "fanout_enqueue_s", "attach_echo_p50_ms"},
+    "prologue.py": {"bare_ms", "uenv_added_ms", "oci_added_ms", "agent_cpu_64"},
 }
 
 
