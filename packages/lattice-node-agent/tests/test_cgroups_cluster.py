@@ -65,6 +65,10 @@ def test_oom_killed_job_fails_and_siblings_stop(tmp_path: Path) -> None:
         shown = json.loads(st.stdout)
         shown = shown[0] if isinstance(shown, list) else shown
         assert shown["state"] == "Failed" and shown["reason"] == "oom_killed", shown
+        # the peak is recorded: at the 1 GiB limit, not the 2 GiB it tried
+        assert (900 << 20) <= shown["peak_memory_bytes"] <= (1 << 30) + (64 << 20), shown
+        human = h.cli("status", alloc_id)
+        assert "Peak memory:" in human.stdout and "GiB" in human.stdout, human.stdout
         # the sibling's part is stopped
         pid = int(marker.read_text())
         deadline = time.monotonic() + 30
