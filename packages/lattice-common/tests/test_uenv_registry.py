@@ -310,13 +310,15 @@ def http_registry(tmp_path: Path) -> Iterator[tuple[str, Path, type[_Handler]]]:
         return handler(*a, directory=str(root))
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make)
+    server.daemon_threads = False  # server_close() then waits for every request thread
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", root, handler
     finally:
         server.shutdown()
-        server.server_close()
+        server.server_close()  # nothing of it may outlive the test (fds, threads)
+        thread.join(5)
 
 
 def test_http_registry_resolves_and_streams(http_registry: tuple[str, Path, Any]) -> None:

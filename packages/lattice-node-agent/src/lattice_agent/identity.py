@@ -50,8 +50,8 @@ _UID_MAX = 2**32 - 2  # (uid_t)-1 means "unchanged" to the kernel
 _TOOL_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
 #: HOME of a mapped uid without a passwd entry (Debian's convention for such accounts)
 NO_HOME = "/nonexistent"
-_IDS = re.compile(r"(\d+):(\d+)")
-_UID = re.compile(r"\d+")
+_IDS = re.compile(r"([0-9]+):([0-9]+)")
+_UID = re.compile(r"[0-9]+")
 # NSS names are not only POSIX portable ones (SSSD: alice@example.org); only ':' and
 # whitespace can never be part of one
 _NAME = re.compile(r"[^\s:]+")
@@ -178,7 +178,7 @@ def parse_map_value(value: str | int) -> MapTarget:
         return MapTarget(uid=_id(m[1], "uid", value), gid=_id(m[2], "gid", value))
     if _UID.fullmatch(text):
         return MapTarget(uid=_id(text, "uid", value))
-    if _NAME.fullmatch(text):
+    if _NAME.fullmatch(text) and not text.isdigit():  # "²" is a digit, not a uid or a name
         return MapTarget(name=text)
     raise ValueError(f"user_map value {value!r}: expected 'UID:GID', 'UID' or a user name")
 
