@@ -295,8 +295,9 @@ async def test_writes_give_the_same_records(served: Any) -> None:
     )
     for node_id, expected in (("r-grpc", False), ("ghost", True)):
         hb = await agent.nodes.heartbeat(v1.HeartbeatRequest(node_id=node_id, sequence=1))
+        # the next heartbeat of the node carries the next sequence number (1 = a replay)
         status, out = await rest.call(
-            "POST", f"/api/v1/nodes/{node_id}/heartbeat", AGENT, {"sequence": 1}
+            "POST", f"/api/v1/nodes/{node_id}/heartbeat", AGENT, {"sequence": 2}
         )
         assert hb.reregister == out["reregister"] == expected
     assert api.quorum.read(lambda s: {"r-grpc", "r-rest"} <= set(s.nodes))
@@ -537,6 +538,18 @@ ERROR_CASES: list[Case] = [
         lambda g, w: g.admin.get_tenant_usage(v1.GetTenantUsageRequest(tenant="x")),
         ("GET", "/api/v1/tenants/x/usage"),
         ALICE,
+    ),
+    (
+        "the audit log read by a user",
+        lambda g, w: g.admin.query_audit(v1.QueryAuditRequest()),
+        ("GET", "/api/v1/admin/audit"),
+        ALICE,
+    ),
+    (
+        "an audit page token the server never gave",
+        lambda g, w: g.admin.query_audit(v1.QueryAuditRequest(page_token="x")),
+        ("GET", "/api/v1/admin/audit", None, {"page_token": "x"}),
+        ROOT,
     ),
 ]
 

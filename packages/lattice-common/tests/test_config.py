@@ -60,7 +60,10 @@ def test_defaults() -> None:
     assert cfg.telemetry.mode == "prod"
     assert (cfg.network.vni_pool_start, cfg.network.vni_pool_end) == (1000, 4095)
     assert cfg.accounting.enabled is False and cfg.accounting.buffer_size == 10000
-    assert cfg.rate_limit.enabled is False and cfg.rate_limit.requests_per_minute == 600
+    # the spec's per-user limits are on; no general request limit unless configured
+    assert cfg.rate_limit.enabled is True and cfg.rate_limit.requests_per_minute == 0
+    assert cfg.rate_limit.stream_logs_max_concurrent == 10 and cfg.rate_limit.overrides == {}
+    assert cfg.secrets.vault_address == "" and cfg.secrets.refresh_interval_seconds == 300
     assert cfg.federation.enabled is False
     assert cfg.compat.slurm_env is True
 

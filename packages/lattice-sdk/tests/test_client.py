@@ -160,6 +160,41 @@ async def test_headers_token_user_and_tenant(api, client_for, monkeypatch):
     assert headers["x-lattice-tenant"] == "physics"
 
 
+async def test_token_provider_is_called_per_request(api, client_for):
+    tokens = iter(["first", "second", "third"])
+    async with client_for(token=lambda: next(tokens)) as client:
+        await client.status(api.ids["pending"])
+        await client.list_allocations()
+        assert client.token is None and callable(client.token_provider)
+    assert [r["headers"]["Authorization"] for r in api.requests[-2:]] == [
+        "Bearer first",
+        "Bearer second",
+    ]
+
+
+async def test_async_token_provider_and_whoami(secure_api, transport):
+    import jwt
+
+    calls = 0
+
+    async def provider() -> str:
+        nonlocal calls
+        calls += 1
+        return jwt.encode({"sub": "alice", "exp": time.time() + 60}, SECRET, algorithm="HS256")
+
+    async with _Client(
+        "127.0.0.1", secure_api.rest_port, transport=transport, token=provider
+    ) as client:
+        me = await client.whoami()
+        async for _ in client.watch(secure_api.ids["done"]):
+            pass
+    assert (me["user"], me["role"], me["method"]) == ("alice", "user", "hmac")
+    assert calls == 2
+    async with _Client("127.0.0.1", secure_api.rest_port, transport=transport) as client:
+        doc = await client.auth_discovery()  # public
+    assert doc["mode"] == "hmac" and doc["client_id"] == "lattice"
+
+
 async def test_no_authorization_header_without_token(api, client_for, monkeypatch):
     monkeypatch.setenv("USER", "bob")
     async with client_for() as client:

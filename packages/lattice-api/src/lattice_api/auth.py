@@ -1,9 +1,24 @@
 """Who is calling: identity and role (what they may do is lattice_api.permissions).
 
-Identity comes from a bearer token (HS256 with the configured dev secret, validated
-with PyJWT) or, when no secret is configured, from the ``x-lattice-user`` header; the
-server logs a prominent warning at start in that mode. Roles follow the
-specification's table (scopes first, then the lattice_role/pact_role claims).
+Identity comes from a bearer token, in the specification's order of priority:
+
+* **JWKS** (``api.oidc_issuer`` set): an RS256/ES256 token of the identity provider,
+  checked against its published keys (lattice_api.oidc) for iss, aud (=
+  ``api.oidc_client_id``), exp, nbf and iat with a small leeway;
+* **HMAC** (``api.oidc_hmac_secret`` set): an HS256 token signed with that secret (dev,
+  tests, break-glass); with both set an HS256 token is checked against the secret only,
+  so an HS256 token "signed" with the IdP's public key is refused;
+* **none**: the ``x-lattice-user`` header is trusted (dev clusters only; the server logs
+  a prominent warning at start in that mode).
+
+Any other algorithm (``none`` included) is refused. The node agents' shared token is
+recognised in every mode. Roles follow the specification's table (scopes first, then
+the lattice_role/pact_role claims).
+
+:meth:`Authenticator.authenticate` never does I/O (cached keys only);
+:meth:`Authenticator.authenticate_async`, what the REST middleware and the gRPC
+interceptor await, refreshes the key set once (rate-limited) when a token names a key
+the cache does not hold, so a key rotation at the IdP needs no restart.
 """
 
 from __future__ import annotations
@@ -11,9 +26,11 @@ from __future__ import annotations
 import enum
 import hmac
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from lattice_common.errors import Unauthenticated
+
+from lattice_api.oidc import KeyRefreshNeeded, OidcProvider
 
 log = logging.getLogger("lattice.api.auth")
 
@@ -45,12 +62,25 @@ _CLAIMS = {
 
 
 class Identity:
-    __slots__ = ("role", "tenant", "user")
+    """The caller: user (the token's subject), role, tenant; ``expires_at`` (epoch
+    seconds) and ``method`` (oidc, hmac, agent, none) say how it was established."""
 
-    def __init__(self, user: str, role: Role, tenant: str = "") -> None:
+    __slots__ = ("expires_at", "method", "role", "tenant", "user")
+
+    def __init__(
+        self,
+        user: str,
+        role: Role,
+        tenant: str = "",
+        *,
+        expires_at: float | None = None,
+        method: str = "",
+    ) -> None:
         self.user = user
         self.role = role
         self.tenant = tenant
+        self.expires_at = expires_at
+        self.method = method
 
     def __repr__(self) -> str:
         return f"Identity({self.user!r}, {self.role.value})"
@@ -69,24 +99,83 @@ def role_from_claims(claims: Mapping[str, object]) -> Role:
     return Role.USER
 
 
+_LOGIN_HINT = "Run `lattice login` again."
+
+
 class Authenticator:
-    def __init__(self, *, hmac_secret: str | None = None, agent_token: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        hmac_secret: str | None = None,
+        agent_token: str | None = None,
+        oidc: OidcProvider | None = None,
+    ) -> None:
         self._secret = hmac_secret or None
         self._agent_token = agent_token or None
+        self._previous_agent_token: str | None = None
+        self.oidc = oidc
+        # (source address, headers, reason) of each request that fails authentication,
+        # called by the REST middleware and the gRPC interceptor: the audit log's
+        # rate-limited record (lattice_api.audit.AuditRecorder.auth_failed)
+        self.on_failure: Callable[[str, Mapping[str, str], str], None] | None = None
+
+    def set_hmac_secret(self, secret: str | None) -> None:
+        """A rotated HS256 secret (lattice_api.rotation): tokens signed with the old one
+        are refused from now on."""
+        self._secret = secret or None
+
+    def set_agent_token(self, token: str | None) -> None:
+        """A rotated agent token. The previous one stays accepted until the next
+        rotation: agents and schedulers read the token at their start, so they can be
+        restarted one by one."""
+        if token and token != self._agent_token:
+            self._previous_agent_token = self._agent_token
+            self._agent_token = token
 
     @property
     def dev_mode(self) -> bool:
-        return self._secret is None
+        return self._secret is None and self.oidc is None
+
+    @property
+    def mode(self) -> str:
+        """What validates tokens: ``oidc`` (JWKS), ``hmac`` or ``none``."""
+        return "oidc" if self.oidc is not None else "hmac" if self._secret else "none"
+
+    async def start(self) -> None:
+        """Pre-fetch the identity provider's discovery document and keys."""
+        if self.oidc is not None:
+            await self.oidc.start()
+
+    async def authenticate_async(self, headers: Mapping[str, str]) -> Identity:
+        """:meth:`authenticate`, refreshing the IdP's key set (at most once per its
+        ``min_refresh_interval``) when the token names a key not in the cache."""
+        try:
+            return self.authenticate(headers)
+        except KeyRefreshNeeded as first:
+            if self.oidc is None:  # pragma: no cover - raised by the provider only
+                raise
+            err = first
+        refreshed = await self.oidc.refresh()
+        if not self.oidc.metadata:
+            raise self.oidc.unavailable() from None
+        if refreshed:
+            try:
+                return self.authenticate(headers)
+            except KeyRefreshNeeded as again:
+                err = again
+        raise Unauthenticated(err.message, hint=err.hint) from None
 
     def authenticate(self, headers: Mapping[str, str]) -> Identity:
         auth = headers.get("authorization") or headers.get("Authorization") or ""
         token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-        if token and self._agent_token and hmac.compare_digest(token, self._agent_token):
-            return Identity("lattice-agent", Role.AGENT)
-        if self._secret is None:
+        if token and self._is_agent_token(token):
+            return Identity("lattice-agent", Role.AGENT, method="agent")
+        if self.dev_mode:
             user = headers.get("x-lattice-user") or headers.get("X-Lattice-User") or "anonymous"
             # No authentication configured: every caller is trusted (dev clusters only).
-            return Identity(user, Role.SYSTEM_ADMIN, headers.get("x-lattice-tenant", ""))
+            return Identity(
+                user, Role.SYSTEM_ADMIN, headers.get("x-lattice-tenant", ""), method="none"
+            )
         if not token:
             raise Unauthenticated(
                 "missing bearer token", hint="Not logged in. Run `lattice login` first."
@@ -94,14 +183,44 @@ class Authenticator:
         import jwt  # imported lazily: not needed in dev mode
 
         try:
-            claims = jwt.decode(
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as e:
+            raise Unauthenticated(f"invalid token: {e}", hint=_LOGIN_HINT) from None
+        alg = header.get("alg")
+        if self.oidc is not None and not (alg == "HS256" and self._secret):
+            claims = self.oidc.verify(token, header)
+            role = role_from_claims(claims)
+            method = "oidc"
+        else:
+            claims = self._hmac_claims(token)
+            agent = claims.get("lattice_role") == "agent"
+            role = Role.AGENT if agent else role_from_claims(claims)
+            method = "hmac"
+        exp = claims.get("exp")
+        return Identity(
+            str(claims["sub"]),
+            role,
+            str(claims.get("tenant", "")),
+            expires_at=float(exp) if isinstance(exp, int | float) else None,
+            method=method,
+        )
+
+    def _is_agent_token(self, token: str) -> bool:
+        return any(
+            known and hmac.compare_digest(token, known)
+            for known in (self._agent_token, self._previous_agent_token)
+        )
+
+    def _hmac_claims(self, token: str) -> dict:
+        import jwt
+
+        if self._secret is None:  # pragma: no cover - dev mode returned earlier
+            raise Unauthenticated("invalid token: HS256 is not accepted", hint=_LOGIN_HINT)
+        try:
+            return jwt.decode(
                 token, self._secret, algorithms=["HS256"], options={"require": ["sub"]}
             )
         except jwt.ExpiredSignatureError:
-            raise Unauthenticated("token expired", hint="Run `lattice login` again.") from None
+            raise Unauthenticated("token expired", hint=_LOGIN_HINT) from None
         except jwt.PyJWTError as e:
-            raise Unauthenticated(
-                f"invalid token: {e}", hint="Run `lattice login` again."
-            ) from None
-        role = Role.AGENT if claims.get("lattice_role") == "agent" else role_from_claims(claims)
-        return Identity(str(claims["sub"]), role, str(claims.get("tenant", "")))
+            raise Unauthenticated(f"invalid token: {e}", hint=_LOGIN_HINT) from None

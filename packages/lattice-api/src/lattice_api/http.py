@@ -16,11 +16,12 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from lattice_common.errors import LatticeError, ValidationError
+from lattice_common.errors import LatticeError, RateLimited, Unauthenticated, ValidationError
 from prometheus_client import Counter, Gauge, Histogram
 
 from lattice_api.auth import Authenticator, Identity
 from lattice_api.permissions import PUBLIC, ROUTE_PERMISSIONS, authorize
+from lattice_api.ratelimit import RateLimiter
 
 log = logging.getLogger("lattice.api.rest")
 
@@ -94,8 +95,10 @@ async def stream_ndjson(
     return resp
 
 
-def middleware(auth: Authenticator) -> Any:
-    """Authenticate (except public routes), check the route's permission once, and
+def middleware(auth: Authenticator, limiter: RateLimiter | None = None) -> Any:
+    """Authenticate (except public routes), check the route's permission once, admit
+    the call through the per-user ``limiter`` (held until the handler returns, so a
+    stream holds its slot while open; 429 with ``Retry-After`` when over a limit), and
     record ``lattice_api_requests_total`` / ``lattice_api_request_duration_seconds``."""
 
     @web.middleware
@@ -104,19 +107,35 @@ def middleware(auth: Authenticator) -> Any:
         route = request.match_info.route.resource
         method = f"{request.method} {route.canonical if route else request.path}"
         status = 500
+        release = None
         try:
             permission = ROUTE_PERMISSIONS.get(method)
             if permission != PUBLIC:
-                identity = auth.authenticate(request.headers)
+                try:
+                    identity = await auth.authenticate_async(request.headers)
+                except Unauthenticated as e:
+                    if auth.on_failure is not None:  # the audit log
+                        auth.on_failure(request.remote or "", request.headers, e.message)
+                    raise
                 request[IDENTITY] = identity
                 if permission is not None:  # None: no route matched; aiohttp answers
                     authorize(identity, permission)
+                    if limiter is not None:
+                        release = limiter.check(identity, method)
             resp = await handler(request)
             status = resp.status
             return resp
         except LatticeError as e:
             status = e.http_status
-            return error_response(e)
+            resp = error_response(e)
+            if isinstance(e, RateLimited):
+                resp.headers["Retry-After"] = str(e.retry_after)
+            if request.headers.get("Upgrade", "").lower() == "websocket":
+                # WebSocket clients rarely see a failed handshake's body (rest/attach.py)
+                resp.headers["X-Lattice-Error"] = json.dumps(
+                    {"error": e.to_dict()}, ensure_ascii=True
+                )
+            return resp
         except web.HTTPException as e:
             status = e.status
             raise
@@ -124,6 +143,8 @@ def middleware(auth: Authenticator) -> Any:
             log.exception("unhandled error in %s", method)
             return error_response(LatticeError("internal server error", hint="See the server log."))
         finally:
+            if release is not None:
+                release()
             REQUESTS.labels(method, str(status)).inc()
             LATENCY.labels(method).observe(time.perf_counter() - t0)
 

@@ -21,8 +21,10 @@ from lattice_api.fabric import FabricManager
 from lattice_api.grpc.server import build_grpc_server
 from lattice_api.logs import LogProxy
 from lattice_api.node_monitor import NodeMonitor
+from lattice_api.oidc import OidcProvider
 from lattice_api.operations import Operations
 from lattice_api.rest.app import build_rest_app
+from lattice_api.rotation import watch_api_secrets
 from lattice_api.settings import ApiSettings
 
 log = logging.getLogger("lattice.server")
@@ -67,13 +69,17 @@ async def serve(
     api_addresses[q.bind] = cfg.api.grpc_listen
     secret = cfg.api.oidc_hmac_secret.get_secret_value() if cfg.api.oidc_hmac_secret else None
     agent_token = cfg.api.agent_token.get_secret_value() if cfg.api.agent_token else None
-    auth = Authenticator(hmac_secret=secret, agent_token=agent_token)
+    oidc = (
+        OidcProvider(cfg.api.oidc_issuer, cfg.api.oidc_client_id) if cfg.api.oidc_issuer else None
+    )
+    auth = Authenticator(hmac_secret=secret, agent_token=agent_token, oidc=oidc)
     if auth.dev_mode:
         log.warning(
             "NO AUTHENTICATION CONFIGURED: every caller is trusted as a system admin and "
-            "identified by the x-lattice-user header. Set api.oidc_hmac_secret "
-            "(LATTICE_OIDC_HMAC_SECRET) or api.oidc_issuer outside development."
+            "identified by the x-lattice-user header. Set api.oidc_issuer (or "
+            "api.oidc_hmac_secret / LATTICE_OIDC_HMAC_SECRET) outside development."
         )
+    await auth.start()  # discovery and signing keys fetched before the first request
     na = cfg.node_agent
     monitor = NodeMonitor(
         member,
@@ -82,6 +88,8 @@ async def serve(
         sensitive_grace_period=na.sensitive_grace_period_seconds,
         borrowed_grace_period=na.borrowed_grace_period_seconds,
         max_prologue_retries=na.max_prologue_retries,
+        heartbeat_interval=na.heartbeat_interval_seconds,
+        heartbeat_burst=cfg.rate_limit.heartbeat_burst,
     )
     member.on_leadership(monitor.on_leadership)
     settings = ApiSettings(
@@ -93,12 +101,22 @@ async def serve(
         max_dag_size=cfg.scheduling.max_dag_size,
         uenv_registry=na.uenv_registry,
         uenv_signing_key=na.uenv_signing_key,
+        rate_limit=cfg.rate_limit,
+        audit_signing_key_path=cfg.api.audit_signing_key_path,
+        audit_key_dir=q.data_dir,
     )
     agents = AgentChannels(agent_token)
     logs = LogProxy(member, agents)
     fabric = FabricManager.from_config(cfg.network)
     ops = Operations(
-        member, monitor=monitor, logs=logs, settings=settings, agents=agents, fabric=fabric
+        member,
+        monitor=monitor,
+        logs=logs,
+        settings=settings,
+        agents=agents,
+        fabric=fabric,
+        oidc=oidc,
+        auth_mode=auth.mode,
     )
     grpc = build_grpc_server(ops, auth)
     ghost, gport = split_host_port(cfg.api.grpc_listen, default_host="0.0.0.0")
@@ -109,6 +127,8 @@ async def serve(
     site = web.TCPSite(runner, rhost, rport, reuse_address=True)
     await site.start()
     monitor.start()
+    # secrets written as references are re-read and applied without restart
+    secrets = watch_api_secrets(cfg, auth)
     log.info(
         "lattice-server member %s up: raft %s, gRPC %s, REST %s",
         q.node_id,
@@ -127,8 +147,12 @@ async def serve(
     finally:
         log.info("shutting down")
         await monitor.stop()
+        if secrets is not None:
+            await secrets.stop()
         grpc.close()
         await runner.cleanup()
+        await ops.recorder.flush(timeout=2.0)  # what was recorded, appended if it can be
+        await ops.recorder.close()
         await ops.launches.close()
         if fabric is not None:
             await fabric.close()

@@ -6,6 +6,15 @@ Completed/Failed, a silent node becomes Degraded after ``heartbeat_timeout`` and
 after a further ``grace_period`` (its allocations are then requeued per policy by the
 state machine). A new leader starts every node's clock afresh, so a failover never
 marks healthy nodes Down.
+
+Heartbeats carry a sequence number the agent increments for every heartbeat (spec:
+"monotonic sequence number — replay detection"): one not above the last accepted from
+that node is a replay and refused (StaleRevision, counted in
+``lattice_api_heartbeats_rejected_total{reason="replay"}``). Registration starts a
+node's sequence afresh (a restarted agent counts from 1 again), and so does a new
+leader. Each node may also send at most ``heartbeat_burst`` heartbeats at once,
+refilled one per heartbeat interval (spec: "max 1 heartbeat per interval"); more are
+refused with RESOURCE_EXHAUSTED (``reason="rate_limited"``).
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from lattice_common import commands as c
-from lattice_common.errors import NotLeader
+from lattice_common.errors import NotLeader, RateLimited, StaleRevision
 from lattice_common.types import (
     PHASE_PROLOGUE_FAILED,
     PHASE_STAGED,
@@ -28,7 +37,9 @@ from lattice_common.types import (
 )
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
+
+from lattice_api.ratelimit import HeartbeatLimiter
 
 log = logging.getLogger("lattice.api.nodes")
 
@@ -37,6 +48,11 @@ HEARTBEAT_AGE = Histogram(
     "lattice_agent_heartbeat_interval_seconds",
     "Seconds between consecutive heartbeats seen by the leader",
     buckets=(0.1, 0.5, 1, 2, 5, 10, 15, 30, 60),
+)
+HEARTBEATS_REJECTED = Counter(
+    "lattice_api_heartbeats_rejected_total",
+    "Heartbeats refused by the leader: a replayed sequence number or over the node's rate",
+    ["reason"],
 )
 
 
@@ -52,6 +68,8 @@ class NodeMonitor:
         check_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         max_prologue_retries: int = 3,
+        heartbeat_interval: float = 10.0,
+        heartbeat_burst: int = 0,
     ) -> None:
         self.quorum = quorum
         self.heartbeat_timeout = heartbeat_timeout
@@ -63,6 +81,8 @@ class NodeMonitor:
         self.max_prologue_retries = max_prologue_retries
         self.last_seen: dict[str, float] = {}
         self.sequence: dict[str, int] = {}
+        # per-node heartbeat limit (rate_limit.heartbeat_burst; 0 = none)
+        self.heartbeat_limit = HeartbeatLimiter(heartbeat_interval, heartbeat_burst, clock=clock)
         self._inflight: set[str] = set()
         self._conformance_inflight: set[str] = set()
         self._prologue_inflight: set[tuple[str, str]] = set()
@@ -82,6 +102,12 @@ class NodeMonitor:
             now = self.clock()
             ids = self.quorum.read(queries.node_ids)
             self.last_seen = dict.fromkeys(ids, now)
+            self.sequence.clear()  # agents may have restarted under another leader
+
+    def registered(self, node_id: str) -> None:
+        """A node (re-)registered: its clock and its heartbeat sequence start afresh."""
+        self.last_seen[node_id] = self.clock()
+        self.sequence.pop(node_id, None)
 
     async def heartbeat(
         self,
@@ -103,8 +129,27 @@ class NodeMonitor:
         prev = self.last_seen.get(node_id)
         if prev is not None:
             HEARTBEAT_AGE.observe(now - prev)
-        if sequence and sequence < self.sequence.get(node_id, 0):
-            return {"accepted": False, "reason": "stale sequence"}
+        last = self.sequence.get(node_id)
+        if last is not None and sequence <= last:
+            HEARTBEATS_REJECTED.labels("replay").inc()
+            log.warning(
+                "heartbeat of %s refused: sequence %d replayed (last accepted %d)",
+                node_id,
+                sequence,
+                last,
+            )
+            raise StaleRevision(
+                f"heartbeat sequence {sequence} of node {node_id} is a replay: the last "
+                f"accepted was {last}",
+                details={"node": node_id, "sequence": sequence, "last_accepted": last},
+                hint="Every heartbeat carries a higher sequence number; a restarted agent "
+                "registers again first.",
+            )
+        try:
+            self.heartbeat_limit.check(node_id)
+        except RateLimited:
+            HEARTBEATS_REJECTED.labels("rate_limited").inc()
+            raise
         self.sequence[node_id] = sequence
         self.last_seen[node_id] = now
         node = self.quorum.read(queries.node, node_id)

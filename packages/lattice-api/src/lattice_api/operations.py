@@ -9,11 +9,15 @@ from __future__ import annotations
 from lattice_common.agents import AgentChannels
 from lattice_quorum.quorum import Quorum
 
+from lattice_api.audit import AuditRecorder, load_signing_key
 from lattice_api.fabric import FabricManager
 from lattice_api.node_monitor import NodeMonitor
+from lattice_api.oidc import OidcProvider
 from lattice_api.ops.admin import AdminOps
 from lattice_api.ops.allocations import AllocationOps, LogSource, uenv_resolver
 from lattice_api.ops.attach import AttachOps
+from lattice_api.ops.audit import AuditOps
+from lattice_api.ops.auth import AuthOps
 from lattice_api.ops.cache import CacheOps
 from lattice_api.ops.dags import DagOps
 from lattice_api.ops.launches import LaunchOps
@@ -23,6 +27,7 @@ from lattice_api.ops.quorum import QuorumOps
 from lattice_api.ops.services import ServiceOps
 from lattice_api.ops.sessions import SessionOps
 from lattice_api.ops.usage import UsageOps
+from lattice_api.ratelimit import RateLimiter
 from lattice_api.settings import ApiSettings
 
 
@@ -39,28 +44,46 @@ class Operations:
         settings: ApiSettings | None = None,
         agents: AgentChannels | None = None,
         fabric: FabricManager | None = None,
+        oidc: OidcProvider | None = None,
+        auth_mode: str = "",
     ) -> None:
         settings = settings or ApiSettings()
         self.settings = settings
         self.queue = QueueOps(quorum, budget_period_days=settings.budget_period_days)
+        # the audit log: this server's signer (the operations record through it) and
+        # AdminService's audit reads; leaders also sign the quorum's audit outbox
+        self.recorder = AuditRecorder(
+            quorum, load_signing_key(settings.audit_signing_key_path, settings.audit_key_dir)
+        )
+        quorum.on_leadership(self.recorder.on_leadership)
+        self.audit = AuditOps(quorum, self.recorder)
         self.allocations = AllocationOps(
             quorum,
             logs,
             self.queue,
             uenv=uenv_resolver(settings.uenv_registry, settings.uenv_signing_key),
+            audit=self.recorder,
         )
         self.dags = DagOps(quorum, self.allocations, max_size=settings.max_dag_size)
         self.sessions = SessionOps(quorum, self.allocations)
         self.launches = LaunchOps(quorum, agents or AgentChannels(), fabric=fabric)
-        self.attach = AttachOps(quorum, self.launches.agents)
+        # per-user limits, checked once by the REST middleware and the gRPC interceptor
+        self.limiter = RateLimiter(settings.rate_limit)
+        self.attach = AttachOps(
+            quorum, self.launches.agents, user_limit=lambda u: self.limiter.limit(u, "attach")
+        )
         # the nodes' uenv caches, through their agents (NodeService.CacheStatus, ...)
         self.cache = CacheOps(quorum, self.launches.agents)
-        self.nodes = NodeOps(quorum, monitor, api_addresses=settings.api_addresses)
-        self.admin = AdminOps(
-            quorum,
-            api_addresses=settings.api_addresses,
+        self.nodes = NodeOps(
+            quorum, monitor, api_addresses=settings.api_addresses, audit=self.recorder
+        )
+        self.admin = AdminOps(quorum, api_addresses=settings.api_addresses, audit=self.recorder)
+        # login discovery and whoami; ``oidc`` is the Authenticator's provider (one cache)
+        self.auth = AuthOps(
             oidc_issuer=settings.oidc_issuer,
             oidc_client_id=settings.oidc_client_id,
+            oidc=oidc,
+            mode=auth_mode,
         )
         self.usage = UsageOps(quorum, budget_period_days=settings.budget_period_days)
         self.quorum = QuorumOps(quorum)

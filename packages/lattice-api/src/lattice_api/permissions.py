@@ -52,7 +52,13 @@ ROLES: dict[str, frozenset[Role]] = {
     # the nodes' uenv image caches: anyone reads them, system admins warm and evict
     "cache.read": _READ,
     "cache.admin": frozenset({Role.SYSTEM_ADMIN}),
+    # the audit log: tenant admins query their own tenant's entries (lattice_api.ops.audit);
+    # exporting and verifying the whole log is for system admins
+    "audit.read": frozenset({Role.SYSTEM_ADMIN, Role.TENANT_ADMIN}),
+    "audit.admin": frozenset({Role.SYSTEM_ADMIN}),
     "quorum.internal": frozenset({Role.SYSTEM_ADMIN, Role.AGENT}),
+    # who the caller is (`lattice whoami`): anyone authenticated
+    "auth.whoami": frozenset(Role),
 }
 _ADMIN_ONLY = frozenset({Role.SYSTEM_ADMIN})  # any permission not listed in ROLES
 
@@ -110,7 +116,9 @@ RPCS: dict[str, str] = {
     "AdminService.CreateBackup": NOT_BUILT,
     "AdminService.VerifyBackup": NOT_BUILT,
     "AdminService.RestoreBackup": NOT_BUILT,
-    "AdminService.QueryAudit": NOT_BUILT,
+    "AdminService.QueryAudit": "audit.read",
+    "AdminService.ExportAudit": "audit.admin",
+    "AdminService.VerifyAudit": "audit.admin",
     "AdminService.GetAccountingUsage": NOT_BUILT,
     "AdminService.GetTenantUsage": "tenant.read",
     "AdminService.GetUserUsage": "tenant.read",
@@ -128,6 +136,7 @@ ROUTES: dict[str, str] = {
     "GET /healthz": PUBLIC,
     "GET /metrics": PUBLIC,
     "GET /api/v1/auth/discovery": PUBLIC,
+    "GET /api/v1/auth/whoami": "auth.whoami",  # REST only: the proto has no such RPC
     "POST /api/v1/allocations": "allocation.submit",
     "GET /api/v1/allocations": "allocation.read",
     "GET /api/v1/allocations/{id}": "allocation.read",
@@ -178,6 +187,11 @@ ROUTES: dict[str, str] = {
     # service discovery, tenant-filtered (lattice_api.access.service_tenants)
     "GET /api/v1/services": "service.read",
     "GET /api/v1/services/{name}": "service.read",
+    # the audit log (also at the specification's /api/v1/audit)
+    "GET /api/v1/admin/audit": "audit.read",
+    "GET /api/v1/audit": "audit.read",
+    "GET /api/v1/admin/audit/export": "audit.admin",
+    "POST /api/v1/admin/audit/verify": "audit.admin",
 }
 
 

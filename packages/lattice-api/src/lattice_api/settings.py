@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from lattice_common.config import RateLimitConfig
 from lattice_common.dag import DEFAULT_MAX_DAG_SIZE
 from lattice_common.ledger import DEFAULT_BUDGET_PERIOD_DAYS
 
@@ -24,6 +25,13 @@ class ApiSettings:
     # spec.uenv is resolved against the agents' registry at submit; "" = uenv refused
     uenv_registry: str = ""
     uenv_signing_key: str = ""
+    # api.audit_signing_key_path (Ed25519 private key, PEM) signs audit entries; without
+    # it a development key kept in audit_key_dir (quorum.data_dir), or, with neither, a
+    # key for this process only (lattice_api.audit.load_signing_key)
+    audit_signing_key_path: str = ""
+    audit_key_dir: str = ""
+    # rate_limit: per-user limits (lattice_api.ratelimit), checked by both transports
+    rate_limit: RateLimitConfig = dataclasses.field(default_factory=RateLimitConfig)
 
 
 __all__ = ["ApiSettings"]

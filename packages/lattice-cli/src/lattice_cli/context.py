@@ -147,8 +147,9 @@ def print_api_error(state: State, exc: Any) -> None:
 
 
 def make_client(state: State, *, min_timeout: float = 0.0) -> Any:
-    """A :class:`lattice_sdk.LatticeClient` for the configured endpoint, tenant and token;
-    its timeout is ``LATTICE_TIMEOUT`` (30 s), at least ``min_timeout``."""
+    """A :class:`lattice_sdk.LatticeClient` for the configured endpoint, tenant and token
+    (the configured ``token``, else this endpoint's cached login); its timeout is
+    ``LATTICE_TIMEOUT`` (30 s), at least ``min_timeout``."""
     from lattice_sdk import LatticeClient
 
     cfg = state.config
@@ -158,12 +159,25 @@ def make_client(state: State, *, min_timeout: float = 0.0) -> Any:
     return LatticeClient(
         endpoint.host,
         endpoint.port,
-        token=cfg.token or None,
+        token=cfg.token or cached_token(state),
         headers=headers,
         scheme=endpoint.scheme,
         timeout=timeout,
         transport=os.environ.get("LATTICE_HTTP_TRANSPORT") or "asyncio",
     )
+
+
+def cached_token(state: State) -> Any:
+    """The token provider for the configured endpoint's cached login
+    (:class:`lattice_cli.auth.CachedToken`: refreshed silently when it expires), or None
+    when ``lattice login`` was not run for it. A ``token`` in the config or
+    ``LATTICE_TOKEN`` takes precedence (see :func:`make_client`)."""
+    from lattice_cli.auth import CachedToken, TokenStore, tokens_path
+
+    store = TokenStore(tokens_path(os.environ), warn=warn)
+    server = state.config.parsed_endpoint.url
+    entry = store.get(server)
+    return CachedToken(server, store, entry) if entry else None
 
 
 def run_api(state: State, fn: Any, *, min_timeout: float = 0.0) -> Any:

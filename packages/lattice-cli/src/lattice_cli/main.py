@@ -48,6 +48,9 @@ COMMANDS: dict[str, str] = {
     "admin": "lattice_cli.commands.admin",
     "dev": "lattice_cli.commands.dev",
     "history": "lattice_cli.commands.history",
+    "login": "lattice_cli.commands.login",
+    "logout": "lattice_cli.commands.logout",
+    "whoami": "lattice_cli.commands.whoami",
     # Slurm's own command names, with Slurm's flags (see the README's "Slurm compatibility")
     "sbatch": "lattice_cli.commands.sbatch",
     "squeue": "lattice_cli.commands.squeue",

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from lattice_common.audit import AuditEntry
 from lattice_common.types import (
     Allocation,
     AllocationSpec,
@@ -248,6 +249,19 @@ class UpdateVCluster(Command, tag="update_vcluster"):
     fields: dict[str, Any]
 
 
+class AppendAudit(Command, tag="append_audit"):
+    """Signed audit entries (lattice_common.audit) that continue the audit log: the
+    first one's ``seq`` and ``prev_hash`` must follow the log's last entry, or the
+    command is rejected (StaleRevision) and the proposer signs again after the new
+    tail. ``public_key``: the PEM of the key that signed them (checked, and kept in
+    ``audit_keys``). ``outbox_ids``: the quorum's outbox events they record, removed
+    with the append (rejected when one is gone: another member recorded it)."""
+
+    entries: list[AuditEntry]
+    public_key: str
+    outbox_ids: list[int] = msgspec.field(default_factory=list)
+
+
 class Batch(Command, tag="batch"):
     """Several commands in one Raft entry; each gets its own result."""
 
@@ -281,6 +295,7 @@ AnyCommand = (
     | UpdateTenant
     | CreateVCluster
     | UpdateVCluster
+    | AppendAudit
     | Batch
 )
 
@@ -326,6 +341,7 @@ def decode_result(raw: bytes) -> CommandResult:
 
 __all__ = [
     "AnyCommand",
+    "AppendAudit",
     "AssignNodes",
     "Batch",
     "CancelAllocation",

@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from lattice_common.errors import ValidationError
 from lattice_common.net import split_host_port
+from lattice_common.secrets import SecretsConfig
 from lattice_common.types import SchedulerType
 
 __all__ = [
@@ -65,7 +66,9 @@ __all__ = [
     "PeerConfig",
     "QuorumConfig",
     "RateLimitConfig",
+    "RateLimitOverride",
     "SchedulingConfig",
+    "SecretsConfig",
     "StorageConfig",
     "TelemetryConfig",
     "load_config",
@@ -83,7 +86,11 @@ SPECIAL_ENV: dict[str, tuple[str, ...]] = {
 def is_config_env(name: str) -> bool:
     """Whether an environment variable is Lattice configuration (an override or one of the
     documented secrets): the agent's own, never passed on to the jobs it starts."""
+    from lattice_common.secrets import REFERENCED_ENV, SECRET_ID_ENV
+
     upper = name.upper()
+    if upper == SECRET_ID_ENV or name in REFERENCED_ENV:
+        return True  # the AppRole secret id, variables named by env:// references
     return upper.startswith(ENV_PREFIX) and ("__" in upper or upper in SPECIAL_ENV)
 
 
@@ -216,6 +223,11 @@ class ApiConfig(_Section):
     tls_key: str = Field(default="", description="server key PEM path")
     tls_ca: str = Field(default="", description="CA PEM path; set = require client certs (mTLS)")
     max_request_bytes: int = Field(default=1_048_576, ge=1024)
+    audit_signing_key_path: str = Field(
+        default="",
+        description="Ed25519 private key (PEM) that signs audit log entries, the same file "
+        "on every member; empty = a development key kept in quorum.data_dir",
+    )
 
     @field_validator("grpc_listen", "rest_listen")
     @classmethod
@@ -593,17 +605,43 @@ class AccountingConfig(_Section):
         return self
 
 
-class RateLimitConfig(_Section):
-    """Per-user API rate limits (spec: Rate Limiting). Off = no limits."""
+class RateLimitOverride(_Section):
+    """One user's limits where they differ from the section's (unset = the default)."""
 
-    enabled: bool = False
-    requests_per_minute: int = Field(default=600, ge=1, description="all other calls")
-    attach_max_concurrent: int = Field(default=5, ge=1)
-    stream_logs_max_concurrent: int = Field(default=10, ge=1)
-    stream_metrics_max_concurrent: int = Field(default=5, ge=1)
-    query_metrics_per_minute: int = Field(default=60, ge=1)
-    diagnostics_per_minute: int = Field(default=30, ge=1)
-    compare_per_minute: int = Field(default=10, ge=1)
+    requests_per_minute: int | None = Field(default=None, ge=0)
+    attach_max_concurrent: int | None = Field(default=None, ge=1)
+    stream_logs_max_concurrent: int | None = Field(default=None, ge=1)
+    stream_metrics_max_concurrent: int | None = Field(default=None, ge=1)
+    query_metrics_per_minute: int | None = Field(default=None, ge=1)
+    diagnostics_per_minute: int | None = Field(default=None, ge=1)
+    compare_per_minute: int | None = Field(default=None, ge=1)
+
+
+class RateLimitConfig(_Section):
+    """Per-user API rate limits (spec: Rate Limiting, observability chapter) and the
+    per-node heartbeat limit (spec: Security, Denial of Service). Users are the token's
+    subject; tenant and system admins share the same limits unless ``overrides`` names
+    them; node agents and schedulers (the agent token) are not users and not limited."""
+
+    enabled: bool = Field(default=True, description="off = no per-user limits")
+    requests_per_minute: int = Field(
+        default=0, ge=0, description="every other call, per user; 0 = no general limit"
+    )
+    attach_max_concurrent: int = Field(default=5, ge=1, description="Attach sessions")
+    stream_logs_max_concurrent: int = Field(default=10, ge=1, description="StreamLogs")
+    stream_metrics_max_concurrent: int = Field(default=5, ge=1, description="StreamMetrics")
+    query_metrics_per_minute: int = Field(default=60, ge=1, description="QueryMetrics")
+    diagnostics_per_minute: int = Field(default=30, ge=1, description="Diagnostics")
+    compare_per_minute: int = Field(default=10, ge=1, description="Compare")
+    overrides: dict[str, RateLimitOverride] = Field(
+        default_factory=dict, description="user (OIDC subject) -> limits set by an admin"
+    )
+    heartbeat_burst: int = Field(
+        default=10,
+        ge=0,
+        description="heartbeats a node may send at once; refilled one per "
+        "node_agent.heartbeat_interval_seconds; 0 = no heartbeat limit",
+    )
 
 
 class FederationPeer(_Section):
@@ -654,6 +692,11 @@ class CompatConfig(_Section):
 # ---------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------
+# secrets
+# ---------------------------------------------------------------------------------------
+
+
 class LatticeConfig(_Section):
     """The whole configuration file. Every section is optional."""
 
@@ -669,6 +712,16 @@ class LatticeConfig(_Section):
     rate_limit: RateLimitConfig = Field(default_factory=RateLimitConfig)
     federation: FederationConfig = Field(default_factory=FederationConfig)
     compat: CompatConfig = Field(default_factory=CompatConfig)
+    secrets: SecretsConfig = Field(default_factory=SecretsConfig)
+
+    #: "section.field" -> the reference it was resolved from (set by load_config)
+    _secret_refs: dict[str, str] = pydantic.PrivateAttr(default_factory=dict)
+
+    @property
+    def secret_refs(self) -> dict[str, str]:
+        """The secret fields that were written as references, and those references
+        (what lattice_common.secrets.SecretResolver.watch takes for rotation)."""
+        return self._secret_refs
 
     @model_validator(mode="before")
     @classmethod
@@ -700,19 +753,32 @@ def _apply_aliases(data: Any, where: tuple[str, ...]) -> Any:
 
 
 def load_config(
-    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    resolve_secrets: bool = True,
 ) -> LatticeConfig:
     """Read ``path`` (YAML; ``None`` = no file, defaults only), apply ``LATTICE_*``
     overrides from ``env`` (``None`` = ``os.environ``; pass ``{}`` to ignore the
-    environment) and validate. Raises :class:`ValidationError` on any problem."""
+    environment) and validate. Raises :class:`ValidationError` on any problem.
+
+    Secret fields written as references (``env://``, ``file://``, ``vault://``) are
+    resolved here, through lattice_common.secrets (``env`` is where env:// and
+    ``VAULT_SECRET_ID`` are read); ``cfg.secret_refs`` keeps the references."""
+    environ = os.environ if env is None else env
     source = os.fspath(path) if path is not None else None
     data = _read_yaml(source) if source is not None else {}
     data = _canonical(data)
-    env_sources = _apply_env(data, os.environ if env is None else env)
+    env_sources = _apply_env(data, environ)
     try:
-        return LatticeConfig.model_validate(data)
+        cfg = LatticeConfig.model_validate(data)
     except pydantic.ValidationError as exc:
         raise _convert(exc, source, env_sources) from None
+    if resolve_secrets:
+        from lattice_common.secrets import SecretResolver, resolve_config_secrets
+
+        cfg._secret_refs = resolve_config_secrets(cfg, SecretResolver(cfg.secrets, env=environ))
+    return cfg
 
 
 def _read_yaml(source: str) -> dict[str, Any]:
@@ -855,7 +921,8 @@ def _convert(
         else:
             msg = str(err.get("msg", "invalid value"))
             msg = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-            secret = any(s in str(p).lower() for p in loc for s in _SECRETISH)
+            # (the ``secrets`` section itself holds addresses and names, not secrets)
+            secret = any(s in str(p).lower() for p in loc if p != "secrets" for s in _SECRETISH)
             value_shown = "**********" if secret else _short(err.get("input"))
             if err.get("type") == "missing":
                 text = f"{key}: required field is missing{origin}"

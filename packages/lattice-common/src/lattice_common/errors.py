@@ -95,6 +95,20 @@ class QuotaExceeded(LatticeError):
     grpc_status = 8  # RESOURCE_EXHAUSTED
 
 
+class RateLimited(LatticeError):
+    """A per-user or per-node limit of the API (spec: Rate Limiting). ``retry_after``
+    (seconds, also in ``details["retry_after_seconds"]``) becomes the ``Retry-After``
+    header (REST) and the ``retry-after`` trailing metadata (gRPC)."""
+
+    code = "rate_limited"
+    http_status = 429
+    grpc_status = 8  # RESOURCE_EXHAUSTED
+
+    @property
+    def retry_after(self) -> int:
+        return int(self.details.get("retry_after_seconds") or 1)
+
+
 class Unsatisfiable(LatticeError):
     """A request that can never run as asked on this cluster (more nodes than exist,
     constraints no node meets); refused at submit, nothing stored."""
@@ -143,6 +157,7 @@ ERROR_CLASSES: dict[str, type[LatticeError]] = {
         OwnershipConflict,
         StaleRevision,
         QuotaExceeded,
+        RateLimited,
         Unsatisfiable,
         Unauthenticated,
         PermissionDenied,

@@ -1,4 +1,10 @@
-"""Structured JSON logs for every Lattice process (one object per line on stderr)."""
+"""Structured JSON logs for every Lattice process (one object per line on stderr).
+
+Secret values the process knows (lattice_common.secrets.remember: the config's secrets,
+the AppRole secret id, the Vault token) are masked in every line, and the HTTP/2 header
+codecs (hpack, h2), which dump request headers such as ``authorization`` at debug
+level, log warnings only.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ import json
 import logging
 import sys
 import time
+
+from lattice_common.secrets import redact
 
 
 class JsonFormatter(logging.Formatter):
@@ -20,10 +28,10 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "component": self.component,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": redact(record.getMessage()),
         }
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = redact(self.formatException(record.exc_info))
         return json.dumps(out, default=str)
 
 
@@ -36,3 +44,6 @@ def setup_logging(component: str, level: str = "info") -> None:
     # pysyncobj and aiohttp are chatty at info level
     logging.getLogger("pysyncobj").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # header tables (bearer tokens included) at debug level
+    for name in ("hpack", "h2"):
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -9,6 +9,7 @@ classes.
 from __future__ import annotations
 
 import msgspec
+from lattice_common.audit import AuditEntry, AuditEvent
 from lattice_common.types import (
     Allocation,
     Dag,
@@ -44,6 +45,14 @@ class GlobalState(msgspec.Struct, kw_only=True):
     # The service registry: service name -> endpoints of running allocations that
     # expose it (kept by handlers.services on every allocation change)
     services: dict[str, list[ServiceEndpoint]] = msgspec.field(default_factory=dict)
+    # The audit log (lattice_common.audit; handlers.audit): signed, hash-chained entries,
+    # append-only, seq = index + 1; the PEM of every key that signed one, by key id
+    audit_log: list[AuditEntry] = msgspec.field(default_factory=list)
+    audit_keys: dict[str, str] = msgspec.field(default_factory=dict)
+    # Events the state machine itself produced (sensitive claims and ends), waiting for
+    # the leader's API to sign them into the log; numbered by audit_outbox_seq
+    audit_outbox: list[AuditEvent] = msgspec.field(default_factory=list)
+    audit_outbox_seq: int = 0
 
 
 class Changes(msgspec.Struct, kw_only=True):

@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 import msgspec
+from lattice_common.audit import AuditEntry, AuditEvent
 from lattice_common.ledger import budget_status, node_gpu_counts, usage, usage_by
 from lattice_common.types import (
     HOLDING_STATES,
@@ -382,3 +383,69 @@ def service(
 ) -> list[ServiceEndpoint]:
     """The endpoints (copies) registered under ``name`` for ``tenants`` (all when None)."""
     return [_copy(e) for e in s.services.get(name, ()) if tenants is None or e.tenant in tenants]
+
+
+# --- the audit log --------------------------------------------------------------------------
+# Entries are never changed once appended (handlers.audit), so a list of the same records
+# is a copy a caller may keep.
+
+
+def audit_tail(s: GlobalState) -> tuple[int, str]:
+    """(seq, hash) of the last audit entry; (0, GENESIS) for an empty log."""
+    from lattice_quorum.handlers.audit import tail
+
+    return tail(s)
+
+
+def audit_outbox(s: GlobalState, limit: int = 256) -> list[AuditEvent]:
+    """The oldest ``limit`` events the state machine queued for the log (copies)."""
+    return [_copy(ev) for ev in s.audit_outbox[:limit]]
+
+
+def audit_outbox_size(s: GlobalState) -> int:
+    return len(s.audit_outbox)
+
+
+def audit_entries(
+    s: GlobalState,
+    *,
+    since: float | None = None,
+    until: float | None = None,
+    user: str | None = None,
+    action: str | None = None,
+    tenant: str | None = None,
+    target: str | None = None,
+    after_seq: int = 0,
+    limit: int = 100,
+) -> tuple[list[AuditEntry], int]:
+    """Entries after ``after_seq`` matching every filter given, oldest first, at most
+    ``limit``; and the seq to continue after (0 when nothing matches beyond them).
+    ``action`` matches exactly or as a prefix ending in a dot (``node.`` = every node
+    action); ``target`` exactly or its id (``n1`` = ``node:n1``)."""
+    out: list[AuditEntry] = []
+    for e in s.audit_log[max(after_seq, 0) :]:
+        if since is not None and e.time < since:
+            continue
+        if until is not None and e.time > until:
+            continue
+        if user and e.actor != user:
+            continue
+        if (
+            action
+            and e.action != action
+            and not (action.endswith(".") and e.action.startswith(action))
+        ):
+            continue
+        if tenant and e.tenant != tenant:
+            continue
+        if target and e.target != target and e.target.split(":", 1)[-1] != target:
+            continue
+        if len(out) == limit:
+            return out, out[-1].seq
+        out.append(e)
+    return out, 0
+
+
+def audit_log(s: GlobalState) -> tuple[list[AuditEntry], dict[str, str]]:
+    """The whole log (oldest first) and the PEM of each key that signed it, by key id."""
+    return list(s.audit_log), dict(s.audit_keys)

@@ -24,6 +24,7 @@ from lattice_quorum.global_state import Changes, GlobalState, allocation_id_for
 from lattice_quorum.handlers import (  # services: installs the registry hook
     allocations,
     assignment,
+    audit,
     dags,
     nodes,
     services,  # noqa: F401
@@ -91,4 +92,6 @@ _HANDLERS: dict[type[c.Command], Handler] = {
     c.UpdateTenant: tenancy.update_tenant,
     c.CreateVCluster: tenancy.create_vcluster,
     c.UpdateVCluster: tenancy.update_vcluster,
+    # the audit log
+    c.AppendAudit: audit.append_audit,
 }

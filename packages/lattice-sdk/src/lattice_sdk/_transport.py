@@ -106,14 +106,17 @@ class AsyncioTransport:
         except (TimeoutError, OSError) as exc:
             raise unreachable(self.endpoint, _cause(exc, self.timeout)) from exc
 
-    def _head(self, method: str, target: str, body: bytes | None) -> bytes:
+    def _head(
+        self, method: str, target: str, body: bytes | None, extra: dict[str, str] | None = None
+    ) -> bytes:
         lines = [
             f"{method} {target} HTTP/1.1",
             f"Host: {self._host_header}",
             "Connection: close",
             "Accept-Encoding: identity",
         ]
-        lines += [f"{k}: {v}" for k, v in self.headers.items()]
+        headers = {**self.headers, **extra} if extra else self.headers
+        lines += [f"{k}: {v}" for k, v in headers.items()]
         if body is not None:
             lines.append("Content-Type: application/json")
             lines.append(f"Content-Length: {len(body)}")
@@ -121,10 +124,12 @@ class AsyncioTransport:
             lines.append("Content-Length: 0")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
-    async def _open(self, method: str, target: str, body: bytes | None) -> _AsyncioStream:
+    async def _open(
+        self, method: str, target: str, body: bytes | None, extra: dict[str, str] | None = None
+    ) -> _AsyncioStream:
         reader, writer = await self._connect()
         try:
-            writer.write(self._head(method, target, body))
+            writer.write(self._head(method, target, body, extra))
             if body:
                 writer.write(body)
             await writer.drain()
@@ -139,9 +144,17 @@ class AsyncioTransport:
         no_body = method == "HEAD" or status in (204, 304)
         return _AsyncioStream(self.endpoint, reader, writer, status, reason, headers, no_body)
 
-    async def request(self, method: str, target: str, body: bytes | None = None) -> Response:
+    async def request(
+        self,
+        method: str,
+        target: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
+        """``headers``: sent with this request only (e.g. a fresh Authorization)."""
+
         async def go() -> Response:
-            stream = await self._open(method, target, body)
+            stream = await self._open(method, target, body, headers)
             try:
                 return Response(stream.status, stream.reason, await stream.read())
             finally:
@@ -152,9 +165,11 @@ class AsyncioTransport:
         except TimeoutError as exc:
             raise unreachable(self.endpoint, _cause(exc, self.timeout)) from exc
 
-    async def open_stream(self, method: str, target: str) -> Stream:
+    async def open_stream(
+        self, method: str, target: str, headers: dict[str, str] | None = None
+    ) -> Stream:
         try:
-            return await asyncio.wait_for(self._open(method, target, None), self.timeout)
+            return await asyncio.wait_for(self._open(method, target, None, headers), self.timeout)
         except TimeoutError as exc:
             raise unreachable(self.endpoint, _cause(exc, self.timeout)) from exc
 
@@ -289,9 +304,17 @@ class AiohttpTransport:
             cause = _cause(exc, self.timeout)
         return unreachable(self.endpoint, cause)
 
-    async def request(self, method: str, target: str, body: bytes | None = None) -> Response:
+    async def request(
+        self,
+        method: str,
+        target: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
         aiohttp = self._aiohttp
-        headers = {"Content-Type": "application/json"} if body is not None else None
+        headers = dict(headers or {})
+        if body is not None:
+            headers["Content-Type"] = "application/json"
         try:
             async with self._session.request(
                 method, self.endpoint + target, data=body, headers=headers, ssl=self._ssl()
@@ -300,14 +323,16 @@ class AiohttpTransport:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise self._wrap(exc) from exc
 
-    async def open_stream(self, method: str, target: str) -> Stream:
+    async def open_stream(
+        self, method: str, target: str, headers: dict[str, str] | None = None
+    ) -> Stream:
         aiohttp = self._aiohttp
         timeout = aiohttp.ClientTimeout(
             total=None, connect=self.timeout, sock_connect=self.timeout, sock_read=None
         )
         try:
             resp = await self._session.request(
-                method, self.endpoint + target, timeout=timeout, ssl=self._ssl()
+                method, self.endpoint + target, timeout=timeout, ssl=self._ssl(), headers=headers
             )
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise self._wrap(exc) from exc

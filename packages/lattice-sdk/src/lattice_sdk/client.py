@@ -10,9 +10,10 @@ No HTTP library is imported until the client opens (see :mod:`lattice_sdk._trans
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -31,6 +32,10 @@ from lattice_sdk.models import (
 )
 
 API = "/api/v1"
+
+#: what ``token`` may be: a bearer token, or a provider called before every request
+#: (plain or async) returning the token to send (None/"" sends none)
+TokenProvider = Callable[[], "str | Awaitable[str | None] | None"]
 
 
 def _current_user() -> str:
@@ -69,6 +74,9 @@ class LatticeClient:
         async with LatticeClient("127.0.0.1", 8080, token=...) as client:
             alloc = await client.submit(AllocationSpec(entrypoint="python train.py", nodes=4))
 
+    ``token`` is a bearer token, or a token provider: a callable (plain or async)
+    returning the token, called before every request, so a long-lived client can hand
+    out a refreshed token (``lattice`` passes one that refreshes its cached OIDC token).
     ``headers`` are sent with every request (for example ``{"x-lattice-tenant": "physics"}``).
     ``x-lattice-user`` is always sent (``user`` or ``$USER``); the server honours it only in
     dev mode without authentication. ``transport`` is ``"aiohttp"`` (pooled, default) or
@@ -79,7 +87,7 @@ class LatticeClient:
         self,
         host: str = "127.0.0.1",
         port: int = 8080,
-        token: str | None = None,
+        token: str | TokenProvider | None = None,
         headers: dict[str, str] | None = None,
         scheme: str = "http",
         timeout: float | None = 30,
@@ -96,7 +104,8 @@ class LatticeClient:
         self.port = int(port)
         self.scheme = scheme
         self.timeout = timeout
-        self.token = token or None
+        self.token_provider: TokenProvider | None = token if callable(token) else None
+        self.token = None if callable(token) else token or None
         self.transport_name = transport
         self.ssl_context = ssl_context
         self.headers: dict[str, str] = {
@@ -159,6 +168,16 @@ class LatticeClient:
 
     # ------------------------------------------------------------------ plumbing
 
+    async def _auth_headers(self) -> dict[str, str] | None:
+        """The provider's current token as an Authorization header (None: no provider,
+        or it has no token; a static token is in ``self.headers`` already)."""
+        if self.token_provider is None:
+            return None
+        token = self.token_provider()
+        if inspect.isawaitable(token):
+            token = await token
+        return {"Authorization": f"Bearer {token}"} if token else None
+
     async def _call(
         self,
         method: str,
@@ -171,7 +190,7 @@ class LatticeClient:
         transport = self._ensure_transport()
         target = prefix + path + _query(params)
         data = json.dumps(body).encode() if body is not None else None
-        resp = await transport.request(method, target, data)
+        resp = await transport.request(method, target, data, await self._auth_headers())
         if not 200 <= resp.status < 300:
             raise error_from_response(
                 resp.status, resp.reason, resp.body, method=method, url=self.endpoint + target
@@ -190,7 +209,7 @@ class LatticeClient:
     async def _ndjson(self, path: str, params: dict[str, Any] | None = None) -> AsyncIterator[Any]:
         transport = self._ensure_transport()
         target = API + path + _query(params)
-        stream = await transport.open_stream("GET", target)
+        stream = await transport.open_stream("GET", target, await self._auth_headers())
         self._streams.add(stream)
         try:
             if not 200 <= stream.status < 300:
@@ -380,6 +399,7 @@ class LatticeClient:
             params += [("rows", int(rows)), ("cols", int(cols))]
         target = f"{API}/allocations/{_seg(alloc_id)}/attach?{urlencode(params)}"
         headers = {k: v for k, v in self.headers.items() if k != "Accept"}
+        headers.update(await self._auth_headers() or {})
         return await AttachSession.open(
             self.endpoint, target, headers, ssl=self.ssl_context, timeout=self.timeout
         )
@@ -666,6 +686,88 @@ class LatticeClient:
     async def raft_status(self) -> dict[str, Any]:
         """Quorum view of the member that answered: leader, term, commit index, members."""
         return await self._call("GET", "/raft/status")
+
+    # ------------------------------------------------------------------ audit log
+
+    async def query_audit(
+        self,
+        *,
+        since: float | str | None = None,
+        until: float | str | None = None,
+        user: str | None = None,
+        action: str | None = None,
+        tenant: str | None = None,
+        target: str | None = None,
+        allocation_id: str | None = None,
+        limit: int | None = None,
+        page_token: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of the audit log, oldest first: ``{"entries": [...],
+        "next_page_token"}`` ("" = no more). ``since``/``until``: epoch seconds or ISO
+        8601; ``action`` exact or a prefix ending in "." (``"node."``); ``target`` like
+        ``"node:n1"`` or just ``"n1"``. System admins see every entry, tenant admins
+        their tenant's."""
+        params = {
+            "since": since,
+            "until": until,
+            "user": user,
+            "action": action,
+            "tenant": tenant,
+            "target": target,
+            "allocation_id": allocation_id,
+            "limit": limit,
+            "page_token": page_token,
+        }
+        return await self._call("GET", "/admin/audit", params=params)
+
+    async def audit_entries(self, **filters: Any) -> AsyncIterator[dict[str, Any]]:
+        """Every entry matching ``filters`` (as :meth:`query_audit`), page after page."""
+        token: str | None = None
+        while True:
+            page = await self.query_audit(**filters, page_token=token)
+            for entry in _items(page, "entries"):
+                yield entry
+            token = page.get("next_page_token") if isinstance(page, dict) else None
+            if not token:
+                return
+
+    async def export_audit(self) -> bytes:
+        """The whole audit log as an export file, byte for byte as the server wrote it
+        (JSON lines: a signed header naming the public keys, then one entry per line);
+        check it offline with ``lattice admin audit verify FILE --public-key PEM``."""
+        transport = self._ensure_transport()
+        target = API + "/admin/audit/export"
+        stream = await transport.open_stream("GET", target)
+        self._streams.add(stream)
+        try:
+            if not 200 <= stream.status < 300:
+                body = await stream.read()
+                raise error_from_response(
+                    stream.status, stream.reason, body, method="GET", url=self.endpoint + target
+                )
+            return b"".join([chunk async for chunk in stream.chunks()])
+        finally:
+            self._streams.discard(stream)
+            await stream.close()
+
+    async def verify_audit(self) -> dict[str, Any]:
+        """The server checks the committed chain: ``{valid, count, first_bad_sequence,
+        message, last_hash, public_keys: {key_id: PEM}, signing_key_id}``."""
+        return await self._call("POST", "/admin/audit/verify", body={})
+
+    # ------------------------------------------------------------------ identity
+
+    async def whoami(self) -> dict[str, Any]:
+        """The caller as the server sees it: ``{user, role, tenant, method, expires_at}``
+        (``method``: oidc, hmac, agent or none; ``expires_at``: the token's expiry, epoch
+        seconds, or None)."""
+        return await self._call("GET", "/auth/whoami")
+
+    async def auth_discovery(self) -> dict[str, Any]:
+        """Where to log in (public, no token needed): ``{issuer, client_id, mode,
+        authorization_endpoint, token_endpoint, device_authorization_endpoint,
+        revocation_endpoint, ...}``; ``mode`` is oidc, hmac or none."""
+        return await self._call("GET", "/auth/discovery")
 
     async def health(self) -> dict[str, Any]:
         """``GET /healthz``: ``{"status": "ok", ...}`` when the server is up."""

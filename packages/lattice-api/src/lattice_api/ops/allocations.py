@@ -25,6 +25,7 @@ from lattice_quorum.quorum import Quorum
 from lattice_scheduler import admission
 
 from lattice_api import access
+from lattice_api.audit import AuditRecorder
 from lattice_api.auth import Identity
 from lattice_api.ops.base import raise_if_error
 from lattice_api.ops.queue import QueueOps
@@ -82,11 +83,13 @@ class AllocationOps:
         queue: QueueOps,
         *,
         uenv: CachedIndex | None = None,
+        audit: AuditRecorder | None = None,
     ) -> None:
         self.quorum = quorum
         self.log_source = logs
         self.queue = queue
         self.uenv = uenv
+        self.audit = audit  # sensitive submissions are recorded (lattice_api.audit)
 
     # --- submit ---------------------------------------------------------------------
 
@@ -146,6 +149,8 @@ class AllocationOps:
             )
         )
         assert res.allocation is not None
+        if self.audit is not None:
+            self.audit.record_submission(who.user, [res.allocation])
         return res.allocation
 
     def test_submit(self, who: Identity, body: dict[str, Any]) -> StartEstimate:
@@ -181,7 +186,10 @@ class AllocationOps:
             uenv_sha256=sha,
             now=time.time(),
         )
-        return raise_if_error(await self.quorum.propose(cmd))
+        res = raise_if_error(await self.quorum.propose(cmd))
+        if self.audit is not None:
+            self.audit.record_submission(who.user, res.allocations or [])
+        return res
 
     # --- reads ----------------------------------------------------------------------
 

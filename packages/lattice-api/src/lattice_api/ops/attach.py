@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from grpclib.client import Stream
@@ -136,11 +137,19 @@ class AttachOps:
     """Attach: the checks, the per-user limit on this member, the agent stream."""
 
     def __init__(
-        self, quorum: Quorum, agents: AgentChannels, *, max_per_user: int = MAX_PER_USER
+        self,
+        quorum: Quorum,
+        agents: AgentChannels,
+        *,
+        max_per_user: int = MAX_PER_USER,
+        user_limit: Callable[[str], int] | None = None,
     ) -> None:
         self.quorum = quorum
         self.agents = agents
         self.max_per_user = max_per_user
+        # the user's limit from rate_limit (admin overrides included), as the limiter
+        # of the transports sees it; else max_per_user
+        self.user_limit = user_limit
         self._per_user: Counter[str] = Counter()
         self._per_alloc: Counter[str] = Counter()
 
@@ -198,7 +207,7 @@ class AttachOps:
         return a, node_id, sensitive
 
     def _reserve(self, who: Identity, a: Allocation, sensitive: bool) -> Any:
-        n = self.max_per_user
+        n = self.user_limit(who.user) if self.user_limit is not None else self.max_per_user
         if self._per_user[who.user] >= n:
             raise QuotaExceeded(
                 limit_message(n),

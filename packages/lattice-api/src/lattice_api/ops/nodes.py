@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import msgspec
+from lattice_common import audit
 from lattice_common import commands as c
 from lattice_common.errors import NotFound, ValidationError
 from lattice_common.types import Allocation, AllocationReport, Node, NodeCapabilities, NodeState
@@ -17,6 +18,7 @@ from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
 
 from lattice_api import access
+from lattice_api.audit import AuditRecorder
 from lattice_api.auth import Identity
 from lattice_api.node_monitor import NodeMonitor
 from lattice_api.ops.base import raise_if_error
@@ -24,11 +26,18 @@ from lattice_api.ops.base import raise_if_error
 
 class NodeOps:
     def __init__(
-        self, quorum: Quorum, monitor: NodeMonitor, *, api_addresses: Mapping[str, str]
+        self,
+        quorum: Quorum,
+        monitor: NodeMonitor,
+        *,
+        api_addresses: Mapping[str, str],
+        audit: AuditRecorder | None = None,
     ) -> None:
         self.quorum = quorum
         self.monitor = monitor
         self.api_addresses = dict(api_addresses)
+        # drain/undrain/disable/enable are recorded; claims and releases by the quorum
+        self.audit = audit
 
     # --- reads ----------------------------------------------------------------------
 
@@ -53,25 +62,32 @@ class NodeOps:
 
     # --- admin actions --------------------------------------------------------------
 
-    async def _act(self, who: Identity, node_id: str, cmd: c.Command) -> Node:
+    async def _act(
+        self, who: Identity, node_id: str, cmd: c.Command, action: str = "", reason: str = ""
+    ) -> Node:
         self.get(who, node_id)
         res = raise_if_error(await self.quorum.propose(cmd))
         assert res.node is not None
+        if action and self.audit is not None:
+            details = {"reason": reason, "state": res.node.state.value}
+            self.audit.record(who.user, action, f"node:{node_id}", details=details)
         return res.node
 
     async def drain(self, who: Identity, node_id: str, reason: str = "") -> Node:
         cmd = c.DrainNode(node_id=node_id, reason=reason, now=time.time())
-        return await self._act(who, node_id, cmd)
+        return await self._act(who, node_id, cmd, audit.NODE_DRAIN, reason)
 
     async def undrain(self, who: Identity, node_id: str, reason: str = "") -> Node:
-        return await self._act(who, node_id, c.UndrainNode(node_id=node_id, now=time.time()))
+        cmd = c.UndrainNode(node_id=node_id, now=time.time())
+        return await self._act(who, node_id, cmd, audit.NODE_UNDRAIN, reason)
 
     async def disable(self, who: Identity, node_id: str, reason: str = "") -> Node:
         cmd = c.DisableNode(node_id=node_id, reason=reason, now=time.time())
-        return await self._act(who, node_id, cmd)
+        return await self._act(who, node_id, cmd, audit.NODE_DISABLE, reason)
 
     async def enable(self, who: Identity, node_id: str, reason: str = "") -> Node:
-        return await self._act(who, node_id, c.EnableNode(node_id=node_id, now=time.time()))
+        cmd = c.EnableNode(node_id=node_id, now=time.time())
+        return await self._act(who, node_id, cmd, audit.NODE_ENABLE, reason)
 
     async def release(self, who: Identity, node_id: str, reason: str = "") -> Node:
         cmd = c.ReleaseNodeClaim(
@@ -107,7 +123,7 @@ class NodeOps:
             )
         )
         assert res.node is not None
-        self.monitor.last_seen[res.node.id] = self.monitor.clock()
+        self.monitor.registered(res.node.id)
         return res.node
 
     async def heartbeat(

@@ -75,6 +75,8 @@ class SessionOps:
             await self.quorum.propose(c.CreateSession(spec=spec, uenv_sha256=sha, now=time.time()))
         )
         assert res.session is not None
+        if self.allocations.audit is not None and res.allocation is not None:
+            self.allocations.audit.record_submission(who.user, [res.allocation])
         return session_view(res.session, res.allocation)
 
     def _find(self, who: Identity, session_id: str) -> tuple[Session, Allocation | None]:

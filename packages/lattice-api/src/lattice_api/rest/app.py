@@ -12,6 +12,7 @@ from lattice_api.rest import (
     admin,
     allocations,
     attach,
+    audit,
     cache,
     dags,
     launches,
@@ -22,14 +23,18 @@ from lattice_api.rest import (
     sessions,
     usage,
 )
+from lattice_api.rest import auth as auth_routes
 
 
 def build_rest_app(ops: Operations, auth: Authenticator) -> web.Application:
+    auth.on_failure = ops.recorder.auth_failed  # failed authentications: the audit log
     app = web.Application(
-        middlewares=[http.middleware(auth)], client_max_size=ops.settings.max_request_bytes
+        middlewares=[http.middleware(auth, ops.limiter)],
+        client_max_size=ops.settings.max_request_bytes,
     )
     for routes in (
         public,
+        auth_routes,
         allocations,
         launches,
         attach,
@@ -41,6 +46,7 @@ def build_rest_app(ops: Operations, auth: Authenticator) -> web.Application:
         queue,
         services,
         cache,
+        audit,
     ):
         routes.add_routes(app.router, ops)
     return app

@@ -1,5 +1,5 @@
-"""Routes that need no identity: ``/healthz``, ``/metrics`` (Prometheus) and
-``/api/v1/auth/discovery`` (where clients log in). They are PUBLIC in the table."""
+"""Routes that need no identity: ``/healthz`` and ``/metrics`` (Prometheus). They are
+PUBLIC in the table, like ``/api/v1/auth/discovery`` (lattice_api.rest.auth)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,5 @@ def add_routes(router: web.UrlDispatcher, ops: Operations) -> None:
         admin.refresh_gauges()
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def discovery(request: web.Request) -> web.Response:
-        return json_response(admin.discovery())
-
     router.add_get("/healthz", healthz)
     router.add_get("/metrics", metrics)
-    router.add_get("/api/v1/auth/discovery", discovery)

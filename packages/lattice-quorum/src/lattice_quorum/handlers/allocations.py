@@ -185,7 +185,9 @@ def cancel_allocation(state: GlobalState, cmd: c.CancelAllocation, ch: Changes) 
             details={"allocation": a.id, "state": a.state.value},
             hint="Nothing to cancel.",
         )
-    finish(state, a, AllocationState.CANCELLED, cmd.now, cmd.reason, None, ch)
+    finish(
+        state, a, AllocationState.CANCELLED, cmd.now, cmd.reason, None, ch, actor=cmd.requested_by
+    )
     return c.CommandResult(revision=state.revision, allocation=a)
 
 

@@ -9,11 +9,13 @@ module only applies their outcome to the state.
 from __future__ import annotations
 
 from lattice_common import assignment
+from lattice_common import audit as audit_log
 from lattice_common import commands as c
 from lattice_common.errors import InvalidTransition, PermissionDenied, ValidationError
 from lattice_common.types import Allocation, AllocationState, Node, claimant
 
 from lattice_quorum.global_state import Changes, GlobalState
+from lattice_quorum.handlers.audit import note
 from lattice_quorum.handlers.common import (
     bump,
     find_alloc,
@@ -78,6 +80,15 @@ def _take(state: GlobalState, n: Node, a: Allocation, vcluster: str, now: float)
         # the claim outlives the allocation: idle claimed nodes stay with their user
         n.claimed_by = claimant(a)
         n.claimed_at = now
+        note(
+            state,
+            now=now,
+            actor=n.claimed_by,
+            action=audit_log.NODE_CLAIM,
+            target=f"node:{n.id}",
+            tenant=a.spec.tenant,
+            details={"allocation_id": a.id},
+        )
 
 
 def release_node_claim(state: GlobalState, cmd: c.ReleaseNodeClaim, ch: Changes) -> c.CommandResult:
@@ -100,6 +111,14 @@ def release_node_claim(state: GlobalState, cmd: c.ReleaseNodeClaim, ch: Changes)
             hint=f"Wait for it to finish or cancel it (lattice cancel {n.owner}).",
         )
     bump(state)
+    note(
+        state,
+        now=cmd.now,
+        actor=cmd.user or "lattice",
+        action=audit_log.NODE_RELEASE,
+        target=f"node:{n.id}",
+        details={"claimed_by": n.claimed_by, "as_admin": str(cmd.admin).lower()},
+    )
     n.claimed_by = ""
     n.claimed_at = None
     touch_node(state, n, ch)

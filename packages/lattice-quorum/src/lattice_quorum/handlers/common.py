@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import msgspec
+from lattice_common import audit as audit_log
+from lattice_common.assignment import is_sensitive
 from lattice_common.errors import AlreadyExists, NotFound
 from lattice_common.state_machine import check_transition
 from lattice_common.types import (
@@ -26,6 +28,7 @@ from lattice_common.types import (
 )
 
 from lattice_quorum.global_state import Changes, GlobalState, allocation_id_for
+from lattice_quorum.handlers import audit
 
 #: What an allocation's end means for the allocations that depend on it: set by
 #: ``handlers.dags`` when it is imported (it builds on ``finish``, so ``finish`` cannot
@@ -104,9 +107,11 @@ def finish(
     finished_at: float | None = None,
     *,
     resolve_dag: bool = True,
+    actor: str = "",
 ) -> None:
     """End ``a``; a DAG member's end is resolved for its successors in the same command
-    (``resolve_dag=False`` only where the resolution itself ends members)."""
+    (``resolve_dag=False`` only where the resolution itself ends members). A sensitive
+    allocation's end goes to the audit outbox, by ``actor`` (who asked; "" = lattice)."""
     check_transition(a.id, a.state, target)
     bump(state)
     release_nodes(state, a, ch)
@@ -116,6 +121,16 @@ def finish(
     a.estimated_start, a.estimate_basis = None, ""
     a.finished_at = finished_at if finished_at is not None else now
     touch_alloc(state, a, ch)
+    if is_sensitive(a, state.vclusters):
+        audit.note(
+            state,
+            now=now,
+            actor=actor or "lattice",
+            action=audit_log.ALLOCATION_END,
+            target=f"allocation:{a.id}",
+            tenant=a.spec.tenant,
+            details={"state": a.state.value, "reason": reason, "user": a.spec.user},
+        )
     if resolve_dag and on_ended is not None and (a.dag_id or a.id in state.dependents):
         on_ended(state, a, now, ch)
 

@@ -56,6 +56,8 @@ __all__ = (
     "Diagnostics",
     "ErrorDetail",
     "EvictCacheRequest",
+    "ExportAuditChunk",
+    "ExportAuditRequest",
     "ExposedPort",
     "GetAccountingUsageRequest",
     "GetAccountingUsageResponse",
@@ -157,6 +159,8 @@ __all__ = (
     "UserUsage",
     "VCluster",
     "VClusterQueue",
+    "VerifyAuditRequest",
+    "VerifyAuditResponse",
     "VerifyBackupRequest",
     "VerifyBackupResponse",
     "WarmCacheRequest",
@@ -810,12 +814,12 @@ default_message_pool.register_message("lattice.v1", "AttachStart", AttachStart)
 @dataclass(eq=False, repr=False)
 class AuditEntry(betterproto2.Message):
     """
-    One audit log entry.
+    One audit log entry (lattice_common.audit.AuditEntry).
     """
 
     sequence: "int" = betterproto2.field(1, betterproto2.TYPE_UINT64)
     """
-    position in the log
+    position in the log, from 1 with no gaps
     """
 
     timestamp: "float" = betterproto2.field(2, betterproto2.TYPE_DOUBLE)
@@ -825,27 +829,27 @@ class AuditEntry(betterproto2.Message):
 
     user: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
     """
-    who
+    who acted (the actor)
     """
 
     tenant: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
     """
-    on behalf of which tenant
+    on behalf of which tenant, if any
     """
 
     action: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
     """
-    what, e.g. "claim_node", "attach", "log_access"
+    what, e.g. "node.drain", "tenant.update", "auth.failed"
     """
 
     allocation_id: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
     """
-    on which allocation, if any
+    on which allocation, if any (from target)
     """
 
     node_id: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
     """
-    on which node, if any
+    on which node, if any (from target)
     """
 
     details: "dict[str, str]" = betterproto2.field(
@@ -864,7 +868,22 @@ class AuditEntry(betterproto2.Message):
 
     signature: "str" = betterproto2.field(10, betterproto2.TYPE_STRING)
     """
-    Ed25519 signature of this entry
+    base64 Ed25519 signature of `hash`
+    """
+
+    target: "str" = betterproto2.field(11, betterproto2.TYPE_STRING)
+    """
+    what it was done to: "node:ID", "tenant:NAME", "allocation:ID", ...
+    """
+
+    hash: "str" = betterproto2.field(12, betterproto2.TYPE_STRING)
+    """
+    SHA-256 of prev_hash and the entry's canonical encoding
+    """
+
+    key_id: "str" = betterproto2.field(13, betterproto2.TYPE_STRING)
+    """
+    which key signed it (first 16 hex of the public key's SHA-256)
     """
 
 
@@ -1623,6 +1642,25 @@ class EvictCacheRequest(betterproto2.Message):
 
 
 default_message_pool.register_message("lattice.v1", "EvictCacheRequest", EvictCacheRequest)
+
+
+@dataclass(eq=False, repr=False)
+class ExportAuditChunk(betterproto2.Message):
+    data: "bytes" = betterproto2.field(1, betterproto2.TYPE_BYTES)
+    """
+    the next bytes of the export file
+    """
+
+
+default_message_pool.register_message("lattice.v1", "ExportAuditChunk", ExportAuditChunk)
+
+
+@dataclass(eq=False, repr=False)
+class ExportAuditRequest(betterproto2.Message):
+    pass
+
+
+default_message_pool.register_message("lattice.v1", "ExportAuditRequest", ExportAuditRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -3395,17 +3433,17 @@ class QueryAuditRequest(betterproto2.Message):
 
     user: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
     """
-    filter by user
+    filter by user (who acted)
     """
 
     allocation_id: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
     """
-    filter by allocation
+    filter by allocation (target allocation:<id>)
     """
 
     action: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
     """
-    filter by action
+    filter by action; "node." = every node action
     """
 
     since: "float" = betterproto2.field(5, betterproto2.TYPE_DOUBLE)
@@ -3420,7 +3458,17 @@ class QueryAuditRequest(betterproto2.Message):
 
     limit: "int" = betterproto2.field(7, betterproto2.TYPE_INT32)
     """
-    max entries; 0 = server default
+    max entries; 0 = server default (100; at most 1000)
+    """
+
+    page_token: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
+    """
+    next_page_token of the previous page; "" = first page
+    """
+
+    target: "str" = betterproto2.field(9, betterproto2.TYPE_STRING)
+    """
+    filter by target ("node:n1", or its id "n1")
     """
 
 
@@ -3432,6 +3480,11 @@ class QueryAuditResponse(betterproto2.Message):
     entries: "list[AuditEntry]" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     oldest first
+    """
+
+    next_page_token: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    "" = no more entries
     """
 
 
@@ -4464,6 +4517,59 @@ default_message_pool.register_message("lattice.v1", "VClusterQueue", VClusterQue
 
 
 @dataclass(eq=False, repr=False)
+class VerifyAuditRequest(betterproto2.Message):
+    pass
+
+
+default_message_pool.register_message("lattice.v1", "VerifyAuditRequest", VerifyAuditRequest)
+
+
+@dataclass(eq=False, repr=False)
+class VerifyAuditResponse(betterproto2.Message):
+    valid: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
+    """
+    every entry verified
+    """
+
+    count: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+    """
+    entries that verified
+    """
+
+    first_bad_sequence: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+    """
+    the first bad entry (0 when valid)
+    """
+
+    message: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+    """
+    e.g. "entry 17: hash does not match its contents (edited?)"
+    """
+
+    last_hash: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    hash of the last entry that verified
+    """
+
+    public_keys: "dict[str, str]" = betterproto2.field(
+        6,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
+    )
+    """
+    key id -> PEM of the keys that signed entries
+    """
+
+    signing_key_id: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
+    """
+    the key this member signs new entries with
+    """
+
+
+default_message_pool.register_message("lattice.v1", "VerifyAuditResponse", VerifyAuditResponse)
+
+
+@dataclass(eq=False, repr=False)
 class VerifyBackupRequest(betterproto2.Message):
     path: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -4904,13 +5010,63 @@ class AdminServiceStub(betterproto2_grpclib.ServiceStub):
         metadata: "MetadataLike | None" = None,
     ) -> "QueryAuditResponse":
         """
-        Entries of the (signed, hash-chained) sensitive audit log.
+        Entries of the (signed, hash-chained) audit log.
         """
 
         return await self._unary_unary(
             "/lattice.v1.AdminService/QueryAudit",
             message,
             QueryAuditResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def export_audit(
+        self,
+        message: "ExportAuditRequest | None" = None,
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "AsyncIterator[ExportAuditChunk]":
+        """
+        The whole audit log as an export file (JSON lines: a signed header naming the
+        public keys, then one entry per line), in chunks, for offline verification.
+        """
+
+        if message is None:
+            message = ExportAuditRequest()
+
+        async for response in self._unary_stream(
+            "/lattice.v1.AdminService/ExportAudit",
+            message,
+            ExportAuditChunk,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
+    async def verify_audit(
+        self,
+        message: "VerifyAuditRequest | None" = None,
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "VerifyAuditResponse":
+        """
+        Verify the committed audit chain (hashes, links, signatures) on the server.
+        """
+
+        if message is None:
+            message = VerifyAuditRequest()
+
+        return await self._unary_unary(
+            "/lattice.v1.AdminService/VerifyAudit",
+            message,
+            VerifyAuditResponse,
             timeout=timeout,
             deadline=deadline,
             metadata=metadata,
@@ -6153,7 +6309,25 @@ class AdminServiceBase(betterproto2_grpclib.ServiceBase):
 
     async def query_audit(self, message: "QueryAuditRequest") -> "QueryAuditResponse":
         """
-        Entries of the (signed, hash-chained) sensitive audit log.
+        Entries of the (signed, hash-chained) audit log.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def export_audit(
+        self, message: "ExportAuditRequest"
+    ) -> "AsyncIterator[ExportAuditChunk]":
+        """
+        The whole audit log as an export file (JSON lines: a signed header naming the
+        public keys, then one entry per line), in chunks, for offline verification.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield ExportAuditChunk()
+
+    async def verify_audit(self, message: "VerifyAuditRequest") -> "VerifyAuditResponse":
+        """
+        Verify the committed audit chain (hashes, links, signatures) on the server.
         """
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
@@ -6314,6 +6488,25 @@ class AdminServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.query_audit(request)
         await stream.send_message(response)
 
+    async def __rpc_export_audit(
+        self, stream: "grpclib.server.Stream[ExportAuditRequest, ExportAuditChunk]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        await self._call_rpc_handler_server_stream(
+            self.export_audit,
+            stream,
+            request,
+        )
+
+    async def __rpc_verify_audit(
+        self, stream: "grpclib.server.Stream[VerifyAuditRequest, VerifyAuditResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.verify_audit(request)
+        await stream.send_message(response)
+
     async def __rpc_get_accounting_usage(
         self, stream: "grpclib.server.Stream[GetAccountingUsageRequest, GetAccountingUsageResponse]"
     ) -> None:
@@ -6451,6 +6644,18 @@ class AdminServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 QueryAuditRequest,
                 QueryAuditResponse,
+            ),
+            "/lattice.v1.AdminService/ExportAudit": grpclib.const.Handler(
+                self.__rpc_export_audit,
+                grpclib.const.Cardinality.UNARY_STREAM,
+                ExportAuditRequest,
+                ExportAuditChunk,
+            ),
+            "/lattice.v1.AdminService/VerifyAudit": grpclib.const.Handler(
+                self.__rpc_verify_audit,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                VerifyAuditRequest,
+                VerifyAuditResponse,
             ),
             "/lattice.v1.AdminService/GetAccountingUsage": grpclib.const.Handler(
                 self.__rpc_get_accounting_usage,
