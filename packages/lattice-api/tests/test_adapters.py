@@ -8,9 +8,11 @@ answers, and the listing rule (the caller's own unless all users or a user is as
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import grpclib
+import jwt
 import pytest
 from grpclib.const import Status
 from lattice_api.auth import Role
@@ -19,7 +21,7 @@ from lattice_common.proto.lattice import v1
 from lattice_common.types import Allocation, AllocationState
 from lattice_common.watch import decode_delta
 from lattice_common.wire import from_message, to_message
-from served_api import Grpc, World, bearer, grpc_error
+from served_api import SECRET, Grpc, World, bearer, grpc_error
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -169,9 +171,15 @@ async def test_listing_rule_is_the_same_over_both_transports(served: Any) -> Non
     assert await ids_grpc(channel, ALICE) == alice
     assert await ids_rest(rest, ROOT) == (200, [])
     assert await ids_grpc(channel, ROOT) == []
-    # a named user
-    assert await ids_rest(rest, ALICE, user="bob") == (200, [w.bob_running])
-    assert await ids_grpc(channel, ALICE, user="bob") == [w.bob_running]
+    # a named user: oneself, or anyone with allocation.list_all
+    assert await ids_rest(rest, ALICE, user="alice") == (200, alice)
+    assert await ids_rest(rest, ROOT, user="bob") == (200, [w.bob_running])
+    assert await ids_grpc(channel, ROOT, user="bob") == [w.bob_running]
+    status, err = await ids_rest(rest, ALICE, user="bob")
+    assert status == 403 and "allocation.list_all" in err["error"]["message"]
+    with pytest.raises(grpclib.GRPCError) as denied:
+        await ids_grpc(channel, ALICE, user="bob")
+    assert denied.value.status == Status.PERMISSION_DENIED
     # all users: REST's explicit ?all, with allocation.list_all
     assert await ids_rest(rest, ROOT, all="true") == (200, everyone)
     status, err = await ids_rest(rest, ALICE, all="true")
@@ -286,3 +294,46 @@ async def test_bad_bodies_and_raft_status(served: Any) -> None:
     assert status == 200 and st["is_leader"] and "leader_api_address" in st
     rs = await grpc(channel, ALICE).admin.get_raft_status(v1.GetRaftStatusRequest())
     assert rs.member_id == "1" and rs.members[0].state == "leader"
+
+
+# --------------------------------------------------------------------------- object scope
+
+
+def _tenant_admin(tenant: str) -> dict[str, str]:
+    claims = {"sub": f"ta-{tenant}", "exp": int(time.time()) + 600, "scope": "tenant:admin"}
+    return {"authorization": "Bearer " + jwt.encode({**claims, "tenant": tenant}, SECRET, "HS256")}
+
+
+async def test_another_users_allocation_is_invisible_and_ids_cannot_be_probed(
+    served: Any,
+) -> None:
+    _api, w, rest, channel = served
+    aid = w.bob_running  # bob's, in tenant physics
+    base = f"/api/v1/allocations/{aid}"
+    for method, path in [
+        ("GET", base),
+        ("DELETE", base),
+        ("GET", f"{base}/logs"),
+        ("GET", f"{base}/logs/stream"),
+        ("GET", f"{base}/watch"),
+        ("GET", f"{base}/attach"),
+    ]:
+        status, err = await rest.call(method, path, ALICE)
+        unknown, same = await rest.call(method, path.replace(aid, "ffffffff"), ALICE)
+        assert (status, unknown) == (404, 404), (method, path, err)
+        assert err["error"]["message"].replace(aid, "X") == same["error"]["message"].replace(
+            "ffffffff", "X"
+        )  # the same answer as for an id that does not exist
+    assert aid not in (await ids_rest(rest, ALICE))[1]
+    with pytest.raises(grpclib.GRPCError) as e:
+        await grpc(channel, ALICE).alloc.get(v1.GetAllocationRequest(id=aid))
+    assert e.value.status == Status.NOT_FOUND
+    # bob himself, a tenant admin of physics and a read-only auditor see it
+    for who in (bearer("bob"), _tenant_admin("physics"), bearer("ro", Role.READ_ONLY)):
+        status, a = await rest.call("GET", base, who)
+        assert status == 200 and a["id"] == aid
+    # a tenant admin of bio does not, and lists only bio's allocations
+    status, _ = await rest.call("GET", base, _tenant_admin("bio"))
+    assert status == 404
+    status, listed = await rest.call("GET", "/api/v1/allocations", _tenant_admin("bio"), all="true")
+    assert status == 200 and [a["id"] for a in listed["allocations"]] == [w.alice_done]

@@ -28,7 +28,12 @@ PATH = "/api/v1/allocations/{}/attach"
 
 async def test_rest_refusals_are_http_errors(served) -> None:  # type: ignore[no-untyped-def]
     _, world, rest, _ = served
+    # another user's allocation is not even there for alice (ids cannot be probed) ...
     status, res = await rest.call("GET", PATH.format(world.bob_running), bearer("alice"))
+    assert status == 404 and "not found" in res["error"]["message"]
+    # ... and an administrator, who can read it, still may not attach to it
+    root = bearer("root", Role.SYSTEM_ADMIN)
+    status, res = await rest.call("GET", PATH.format(world.bob_running), root)
     assert status == 403 and "only its owner may attach" in res["error"]["message"]
     assert res["error"]["hint"]
     status, res = await rest.call("GET", PATH.format(world.alice_pending), bearer("alice"))
@@ -49,7 +54,7 @@ async def test_sdk_gets_typed_refusals_from_the_websocket(served) -> None:  # ty
     async with client:
         with pytest.raises(SdkError) as e:
             await client.attach(world.bob_running)
-        assert e.value.status_code == 403 and "only its owner" in str(e.value)
+        assert e.value.status_code == 404 and "not found" in str(e.value)
         with pytest.raises(SdkError) as e:
             await client.attach(world.alice_pending)
         assert e.value.status_code == 409 and "not Running" in str(e.value)
@@ -63,8 +68,8 @@ async def test_grpc_refusal(served) -> None:  # type: ignore[no-untyped-def]
             [v1.AttachInput(start=v1.AttachStart(allocation_id=world.bob_running, tty=True))]
         ):
             pass
-    assert e.value.status.name == "PERMISSION_DENIED"
-    assert "only its owner may attach" in json.loads(e.value.message or "{}")["message"]
+    assert e.value.status.name == "NOT_FOUND"  # another user's: as if it did not exist
+    assert "not found" in json.loads(e.value.message or "{}")["message"]
 
 
 async def test_per_user_limit_message(served) -> None:  # type: ignore[no-untyped-def]

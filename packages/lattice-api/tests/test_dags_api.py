@@ -129,7 +129,9 @@ async def test_diamond_over_rest_submit_get_list_cancel(served: Any) -> None:
     assert status == 200 and listed["dags"] == []
     status, listed = await rest.call("GET", "/api/v1/dags", BOB)  # bob's own: none
     assert status == 200 and listed["dags"] == []
-    status, listed = await rest.call("GET", "/api/v1/dags", BOB, user="alice")
+    status, err = await rest.call("GET", "/api/v1/dags", BOB, user="alice")  # not bob's
+    assert status == 403 and "allocation.list_all" in err["error"]["message"], err
+    status, listed = await rest.call("GET", "/api/v1/dags", ROOT, user="alice")
     assert [d["id"] for d in listed["dags"]] == [dag_id]
     status, err = await rest.call("GET", "/api/v1/dags", BOB, all="true")
     assert status == 403, err

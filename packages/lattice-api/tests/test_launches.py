@@ -99,8 +99,11 @@ async def test_launch_refusals_over_rest(served) -> None:  # type: ignore[no-unt
     _, world, rest, _ = served
     path = "/api/v1/allocations/{}/tasks"
     body = {"argv": ["./app"], "num_tasks": 2}
-    # somebody else's allocation
+    # somebody else's allocation: not there for alice; an administrator may not either
     status, res = await rest.call("POST", path.format(world.bob_running), bearer("alice"), body)
+    assert status == 404 and "not found" in res["error"]["message"]
+    root = bearer("root", Role.SYSTEM_ADMIN)
+    status, res = await rest.call("POST", path.format(world.bob_running), root, body)
     assert status == 403 and "belongs to bob" in res["error"]["message"]
     # not Running
     status, res = await rest.call("POST", path.format(world.alice_pending), bearer("alice"), body)
@@ -133,7 +136,7 @@ async def test_launch_refusals_over_grpc(served) -> None:  # type: ignore[no-unt
             v1.LaunchTasksRequest(allocation_id=world.bob_running, argv=["./app"])
         )
     )
-    assert code == "PERMISSION_DENIED" and "belongs to bob" in err["message"]
+    assert code == "NOT_FOUND" and "not found" in err["message"]
     code, err = await grpc_error(
         alice.alloc.launch_tasks(
             v1.LaunchTasksRequest(allocation_id=world.alice_pending, argv=["./app"])

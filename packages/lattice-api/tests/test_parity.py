@@ -23,6 +23,7 @@ from served_api import Grpc, Rest, World, bearer, grpc_error
 pytestmark = pytest.mark.timeout(60)
 
 ALICE = bearer("alice")
+BOB = bearer("bob")
 ROOT = bearer("root", Role.SYSTEM_ADMIN)
 AGENT = bearer("agent", Role.AGENT)
 VOLATILE = {
@@ -77,7 +78,7 @@ async def test_reads_give_the_same_records(served: Any) -> None:
     )
     assert plain(from_message(got, Allocation)) == plain(from_rest(data, Allocation))
 
-    for query in ({}, {"user": "bob"}, {"state": "completed"}, {"tenant": "physics"}):
+    for query in ({}, {"user": "alice"}, {"state": "completed"}, {"tenant": "physics"}):
         got, data = await both(
             rest,
             g.alloc.list(v1.ListAllocationsRequest(**query)),
@@ -185,9 +186,10 @@ async def test_streams_and_logs_give_the_same_lines(served: Any) -> None:
         (ln["revision"], plain(from_rest(ln["allocation"], Allocation))) for ln in lines
     ]
 
-    aid = w.bob_running
+    aid = w.bob_running  # bob's own logs (to alice, bob's allocation does not exist)
+    g = Grpc(channel, BOB)
     got = await g.alloc.get_logs(v1.GetLogsRequest(allocation_id=aid, stream="stderr"))
-    status, data = await rest.call("GET", f"/api/v1/allocations/{aid}/logs", ALICE, stream="stderr")
+    status, data = await rest.call("GET", f"/api/v1/allocations/{aid}/logs", BOB, stream="stderr")
     assert [ln.to_dict() for ln in got.lines] == [
         v1.LogLine(**ln).to_dict() for ln in data["lines"]
     ]
@@ -195,7 +197,7 @@ async def test_streams_and_logs_give_the_same_lines(served: Any) -> None:
         ln.to_dict()
         async for ln in g.alloc.stream_logs(v1.StreamLogsRequest(allocation_id=aid, tail=1))
     ]
-    status, data = await rest.call("GET", f"/api/v1/allocations/{aid}/logs/stream", ALICE, tail=1)
+    status, data = await rest.call("GET", f"/api/v1/allocations/{aid}/logs/stream", BOB, tail=1)
     assert streamed == [v1.LogLine(**ln).to_dict() for ln in data]
 
 
@@ -343,7 +345,7 @@ async def test_dags_give_the_same_records(served: Any) -> None:
     assert _dag_plain(from_rest(same, DagView)) == _dag_plain(from_rest(data["dag"], DagView))
     assert [m.state for m in got.members] == ["Pending", "Blocked"]
 
-    for query in ({}, {"state": "running"}, {"user": "bob"}, {"tenant": "bio"}):
+    for query in ({}, {"state": "running"}, {"user": "alice"}, {"tenant": "bio"}):
         got, data = await both(
             rest,
             g.alloc.list_dags(v1.ListDagsRequest(**query)),

@@ -19,15 +19,38 @@ LIST_ALL = "allocation.list_all"
 _CANCEL_OTHERS = frozenset({Role.SYSTEM_ADMIN, Role.TENANT_ADMIN})
 
 
+# roles that read every allocation (system-wide); a tenant admin reads its tenant's
+_READ_ALL = frozenset({Role.SYSTEM_ADMIN, Role.OPERATOR, Role.READ_ONLY, Role.AGENT})
+
+
 def listing_user(who: Identity, user: str | None, all_users: bool) -> str | None:
     """Whose allocations a listing shows (None = every user's).
 
-    The caller's own unless ``all_users`` is asked for (needs ``allocation.list_all``;
-    it wins over ``user``) or a ``user`` is named."""
+    The caller's own unless ``all_users`` is asked for or another ``user`` is named:
+    both need ``allocation.list_all`` (``all_users`` wins over ``user``)."""
     if all_users:
         authorize(who, LIST_ALL)
         return None
-    return user or who.user
+    if user and user != who.user:
+        authorize(who, LIST_ALL)
+        return user
+    return who.user
+
+
+def listing_tenant(who: Identity, tenant: str | None) -> str | None:
+    """The tenant a listing is confined to: a tenant admin sees only its own tenant."""
+    if who.role == Role.TENANT_ADMIN:
+        return who.tenant
+    return tenant
+
+
+def can_read(who: Identity, a: Allocation) -> bool:
+    """Whether ``who`` may see ``a`` at all: its owner, a tenant admin of its tenant, and
+    the roles that read everything. Callers answer NotFound otherwise, exactly as for an
+    id that does not exist, so ids cannot be probed."""
+    if a.spec.user == who.user or who.role in _READ_ALL:
+        return True
+    return who.role == Role.TENANT_ADMIN and bool(who.tenant) and a.spec.tenant == who.tenant
 
 
 def usage_user(who: Identity, user: str | None) -> str:

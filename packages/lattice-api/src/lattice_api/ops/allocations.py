@@ -27,7 +27,7 @@ from lattice_scheduler import admission
 from lattice_api import access
 from lattice_api.audit import AuditRecorder
 from lattice_api.auth import Identity
-from lattice_api.ops.base import raise_if_error
+from lattice_api.ops.base import raise_if_error, visible_allocation
 from lattice_api.ops.queue import QueueOps
 from lattice_api.validation import validate_submission
 
@@ -194,14 +194,7 @@ class AllocationOps:
     # --- reads ----------------------------------------------------------------------
 
     def get(self, who: Identity, alloc_id: str) -> Allocation:
-        self.quorum.require_caught_up()
-        a = self.quorum.read(queries.allocation, alloc_id)
-        if a is None:
-            raise NotFound(
-                f"allocation {alloc_id} not found",
-                hint="List your allocations with `lattice status`.",
-            )
-        return a
+        return visible_allocation(self.quorum, who, alloc_id)
 
     def list(
         self,
@@ -222,7 +215,7 @@ class AllocationOps:
         return self.quorum.read(
             queries.allocations_matching,
             states=states,
-            tenant=tenant,
+            tenant=access.listing_tenant(who, tenant),
             vcluster=vcluster,
             user=access.listing_user(who, user, all_users),
             task_group=task_group,

@@ -30,7 +30,6 @@ from lattice_common.agents import AgentChannels
 from lattice_common.assignment import is_sensitive
 from lattice_common.errors import (
     InvalidTransition,
-    NotFound,
     PermissionDenied,
     QuotaExceeded,
     Unavailable,
@@ -43,6 +42,7 @@ from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
 
 from lattice_api.auth import Identity
+from lattice_api.ops.base import visible_allocation
 
 log = logging.getLogger("lattice.api.attach")
 
@@ -156,21 +156,11 @@ class AttachOps:
     def active(self, user: str) -> int:
         return self._per_user[user]
 
-    def _allocation(self, alloc_id: str) -> Allocation:
-        self.quorum.require_caught_up()
-        a = self.quorum.read(queries.allocation, alloc_id)
-        if a is None:
-            raise NotFound(
-                f"allocation {alloc_id} not found",
-                hint="List your allocations with `lattice status`.",
-            )
-        return a
-
     def check(
         self, who: Identity, alloc_id: str, node_id: str = ""
     ) -> tuple[Allocation, str, bool]:
         """(allocation, node, sensitive) when ``who`` may attach now; raises otherwise."""
-        a = self._allocation(alloc_id)
+        a = visible_allocation(self.quorum, who, alloc_id)
         vclusters = {v.name: v for v in self.quorum.read(queries.vclusters)}
         sensitive = is_sensitive(a, vclusters)
         if a.spec.user != who.user:

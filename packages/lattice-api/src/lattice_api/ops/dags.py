@@ -257,7 +257,7 @@ class DagOps:
         self.quorum.require_caught_up()
         return self.quorum.read(
             _views,
-            tenant=tenant,
+            tenant=access.listing_tenant(who, tenant),
             user=access.listing_user(who, user, all_users),
             state_filter=parse_dag_states(state),
             limit=limit or DEFAULT_LIST_LIMIT,

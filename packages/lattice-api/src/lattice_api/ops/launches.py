@@ -37,13 +37,14 @@ from lattice_common.errors import (
 )
 from lattice_common.proto.lattice import v1
 from lattice_common.rpc import decode_grpc_error
-from lattice_common.types import Allocation, AllocationState
+from lattice_common.types import AllocationState
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
 
 from lattice_api.auth import Identity
 from lattice_api.fabric import FabricManager
 from lattice_api.layout import rank_layout
+from lattice_api.ops.base import visible_allocation
 
 log = logging.getLogger("lattice.api.launch")
 
@@ -230,16 +231,6 @@ class LaunchOps:
 
     # ------------------------------------------------------------------ LaunchTasks
 
-    def _allocation(self, alloc_id: str) -> Allocation:
-        self.quorum.require_caught_up()
-        a = self.quorum.read(queries.allocation, alloc_id)
-        if a is None:
-            raise NotFound(
-                f"allocation {alloc_id} not found",
-                hint="List your allocations with `lattice status`.",
-            )
-        return a
-
     def _addresses(self, nodes: list[str]) -> dict[str, str]:
         out: dict[str, str] = {}
         for node_id in nodes:
@@ -256,7 +247,7 @@ class LaunchOps:
         self, who: Identity, alloc_id: str, body: dict[str, Any]
     ) -> dict[str, Any]:
         """Start ranks on the allocation's nodes; returns task_id, nodes and the layout."""
-        a = self._allocation(alloc_id)
+        a = visible_allocation(self.quorum, who, alloc_id)
         if a.spec.user != who.user:
             raise PermissionDenied(
                 f"allocation {a.id} belongs to {a.spec.user}",
@@ -410,7 +401,7 @@ class LaunchOps:
         NotFound is raised before the first event when no node of the allocation
         knows the launch.
         """
-        a = self._allocation(alloc_id)
+        a = visible_allocation(self.quorum, who, alloc_id)
         if not a.assigned_nodes:
             raise NotFound(f"allocation {a.id} has no nodes, so no launch {task_id}")
         addresses = {}
