@@ -337,3 +337,25 @@ async def test_another_users_allocation_is_invisible_and_ids_cannot_be_probed(
     assert status == 404
     status, listed = await rest.call("GET", "/api/v1/allocations", _tenant_admin("bio"), all="true")
     assert status == 200 and [a["id"] for a in listed["allocations"]] == [w.alice_done]
+
+
+async def test_a_tenants_maximum_preemption_class_caps_its_users(served: Any) -> None:
+    _api, _w, rest, _channel = served
+    status, t = await rest.call(
+        "POST", "/api/v1/tenants", ROOT, {"name": "capped", "max_preemption_class": 3}
+    )
+    assert status == 201 and t["max_preemption_class"] == 3, t
+    body = {"entrypoint": "true", "tenant": "capped", "vcluster": "batch", "walltime": "1h"}
+    status, err = await rest.call(
+        "POST", "/api/v1/allocations", ALICE, {**body, "preemption_class": 5}
+    )
+    assert status == 403 and "above tenant capped's maximum of 3" in err["error"]["message"]
+    assert "--preemption-class 3" in err["error"]["hint"]
+    status, a = await rest.call(
+        "POST", "/api/v1/allocations", ALICE, {**body, "preemption_class": 3}
+    )
+    assert status == 201, a
+    status, err = await rest.call(
+        "PATCH", "/api/v1/tenants/capped", ROOT, {"max_preemption_class": 11}
+    )
+    assert status == 400 and "0 to 10" in err["error"]["message"]

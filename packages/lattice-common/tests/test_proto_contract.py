@@ -243,6 +243,7 @@ def _tenant() -> types.Tenant:
         gpu_hours_budget=50_000.0,
         node_hours_budget=12_500.5,
         isolation="strict",
+        max_preemption_class=0,  # an explicit 0 survives (optional on the wire)
         created_at=1_690_000_000.0,
         revision=5,
     )

@@ -1353,3 +1353,17 @@ def test_home_vcluster_may_reclaim_a_borrowed_node_whatever_the_class() -> None:
     owner = submit(s, vcluster="w", preemption_class=1)
     ok(s, c.PreemptAllocation(allocation_id=victim, preemptor_id=owner))
     assert s.allocations[victim].state == A.CHECKPOINTING
+
+
+def test_preemption_class_above_the_tenants_maximum_is_refused() -> None:
+    s = world(tenants={"t": {"max_preemption_class": 4}})
+    err = rejected(
+        s,
+        c.SubmitAllocation(spec=b.spec(tenant="t", vcluster="v", preemption_class=7), now=10.0),
+        "permission_denied",
+    )
+    assert "above tenant t's maximum of 4" in err["message"] and err["hint"]
+    assert s.allocations[submit(s, preemption_class=4)].spec.preemption_class == 4
+    # raising the tenant's maximum lets the same request in
+    ok(s, c.UpdateTenant(name="t", fields={"max_preemption_class": 8}, now=20.0))
+    assert s.allocations[submit(s, preemption_class=7)].spec.preemption_class == 7

@@ -425,6 +425,8 @@ class Tenant(msgspec.Struct, kw_only=True):
     gpu_hours_budget: float | None = None  # soft
     node_hours_budget: float | None = None  # soft
     isolation: str = "standard"  # standard | strict (sensitive)
+    # the highest preemption class its users may ask for (the tenant's contract); None = any
+    max_preemption_class: int | None = None
     created_at: float = 0.0
     revision: int = 0
 

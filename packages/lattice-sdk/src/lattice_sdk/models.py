@@ -258,6 +258,7 @@ class Tenant(_Record):
     gpu_hours_budget: float | None = None
     node_hours_budget: float | None = None
     isolation: str = ""
+    max_preemption_class: int | None = None  # highest class its users may submit with
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 

@@ -38,6 +38,14 @@ def _check_quota_values(*vals: Any) -> None:
             raise ValidationError(f"quota values must be whole numbers >= 0 (got {v!r})")
 
 
+def _check_class(v: Any) -> None:
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 10):
+        raise ValidationError(
+            f"max_preemption_class must be a whole number from 0 to 10 (got {v!r})",
+            hint="Classes run from 0 (preempted first) to 10 (never preempted).",
+        )
+
+
 class AdminOps:
     def __init__(
         self,
@@ -76,6 +84,7 @@ class AdminOps:
         except msgspec.ValidationError as e:
             raise ValidationError(f"invalid tenant: {e}") from None
         _check_quota_values(t.max_nodes, t.max_concurrent_allocations)
+        _check_class(t.max_preemption_class)
         res = raise_if_error(await self.quorum.propose(c.CreateTenant(tenant=t, now=time.time())))
         assert res.tenant is not None
         self._record(who, audit.TENANT_CREATE, f"tenant:{t.name}", t.name, _set_fields(t))
@@ -84,6 +93,7 @@ class AdminOps:
     async def update_tenant(self, who: Identity, name: str, fields: dict[str, Any]) -> Tenant:
         fields = {k: v for k, v in fields.items() if k != "name"}
         _check_quota_values(fields.get("max_nodes"), fields.get("max_concurrent_allocations"))
+        _check_class(fields.get("max_preemption_class"))
         res = raise_if_error(
             await self.quorum.propose(c.UpdateTenant(name=name, fields=fields, now=time.time()))
         )

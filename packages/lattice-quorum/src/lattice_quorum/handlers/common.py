@@ -14,7 +14,7 @@ from collections.abc import Callable
 import msgspec
 from lattice_common import audit as audit_log
 from lattice_common.assignment import is_sensitive
-from lattice_common.errors import AlreadyExists, NotFound
+from lattice_common.errors import AlreadyExists, NotFound, PermissionDenied
 from lattice_common.state_machine import check_transition
 from lattice_common.types import (
     HOLDING_STATES,
@@ -165,10 +165,22 @@ def reused_request(request_id: str, kind: str, known: str) -> AlreadyExists:
 
 def admitted(state: GlobalState, spec: AllocationSpec) -> AllocationSpec:
     """Sensitive work runs at the highest class, whatever was asked ("Priority is fixed
-    at the highest level"): it is never preempted."""
+    at the highest level"): it is never preempted. Other work may not ask for a class
+    above its tenant's ``max_preemption_class`` (the class is the tenant's contract, not
+    the user's choice): refused, never silently lowered."""
     v = state.vclusters.get(spec.vcluster)
     if v is not None and v.scheduler_type == SchedulerType.SENSITIVE_RESERVATION:
         return msgspec.structs.replace(spec, preemption_class=NEVER_PREEMPTED_CLASS)
+    t = state.tenants.get(spec.tenant)
+    cap = t.max_preemption_class if t is not None else None
+    if cap is not None and spec.preemption_class > cap:
+        raise PermissionDenied(
+            f"preemption class {spec.preemption_class} is above tenant {spec.tenant}'s "
+            f"maximum of {cap}",
+            details={"tenant": spec.tenant, "max_preemption_class": str(cap)},
+            hint=f"Submit with --preemption-class {cap} or lower, or ask your tenant "
+            "administrator for a higher class.",
+        )
     return spec
 
 

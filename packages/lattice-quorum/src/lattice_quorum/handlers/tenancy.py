@@ -20,6 +20,7 @@ _TENANT_FIELDS = {
     "gpu_hours_budget",
     "node_hours_budget",
     "isolation",
+    "max_preemption_class",
 }
 _VCLUSTER_FIELDS = {
     "scheduler_type",

@@ -42,6 +42,15 @@ GpuHoursOpt = Annotated[
 NodeHoursOpt = Annotated[
     float | None, typer.Option("--node-hours-budget", help="Node-hours budget.", min=0)
 ]
+MaxClassOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-preemption-class",
+        help="Highest preemption class (0-10) its users may submit with.",
+        min=0,
+        max=10,
+    ),
+]
 IsolationOpt = Annotated[
     str | None, typer.Option("--isolation", help="standard or strict (sensitive workloads).")
 ]
@@ -62,6 +71,7 @@ def tenant_create(
     gpu_hours_budget: GpuHoursOpt = None,
     node_hours_budget: NodeHoursOpt = None,
     isolation: IsolationOpt = None,
+    max_preemption_class: MaxClassOpt = None,
     output: OutputOpt = None,
 ) -> None:
     """Create a tenant with its quotas."""
@@ -74,6 +84,7 @@ def tenant_create(
         gpu_hours_budget=gpu_hours_budget,
         node_hours_budget=node_hours_budget,
         isolation=isolation,
+        max_preemption_class=max_preemption_class,
     )
 
     async def go(client: Any) -> Any:
@@ -121,6 +132,7 @@ def tenant_update(
     gpu_hours_budget: GpuHoursOpt = None,
     node_hours_budget: NodeHoursOpt = None,
     isolation: IsolationOpt = None,
+    max_preemption_class: MaxClassOpt = None,
     output: OutputOpt = None,
 ) -> None:
     """Change a tenant's quotas; options not given stay as they are."""
@@ -135,6 +147,7 @@ def tenant_update(
         gpu_hours_budget=gpu_hours_budget,
         node_hours_budget=node_hours_budget,
         isolation=isolation,
+        max_preemption_class=max_preemption_class,
     )
 
 

@@ -4157,6 +4157,13 @@ class Tenant(betterproto2.Message):
     GlobalState revision of the last change
     """
 
+    max_preemption_class: "int | None" = betterproto2.field(
+        11, betterproto2.TYPE_INT32, optional=True
+    )
+    """
+    highest class its users may ask for; unset = any
+    """
+
 
 default_message_pool.register_message("lattice.v1", "Tenant", Tenant)
 
