@@ -324,3 +324,29 @@ async def test_rotated_secrets_reach_the_authenticator(tmp_path: Path) -> None:
         await resolver.stop()
     # nothing to watch: no resolver
     assert watch_api_secrets(load_config(None, env={}), auth) is None
+
+
+async def test_heartbeats_carrying_completions_are_never_rate_limited() -> None:
+    from lattice_api.node_monitor import NodeMonitor
+    from lattice_common import commands as c
+    from lattice_common.errors import RateLimited
+    from lattice_common.types import AllocationReport, NodeCapabilities
+    from lattice_quorum.local import LocalQuorum
+
+    q = LocalQuorum()
+    await q.propose(c.RegisterNode(node_id="n1", capabilities=NodeCapabilities(), now=1.0))
+    mon = NodeMonitor(q, heartbeat_interval=10.0, heartbeat_burst=2)
+    seq = 0
+
+    async def beat(reports: list[AllocationReport]) -> None:
+        nonlocal seq
+        seq += 1
+        await mon.heartbeat("n1", seq, reports)
+
+    await beat([])
+    await beat([])
+    with pytest.raises(RateLimited):
+        await beat([])  # liveness only: at most the burst per interval
+    done = [AllocationReport(allocation_id="gone", phase="exited", exit_code=0)]
+    for _ in range(20):  # each exit is reported at once, however many there are
+        await beat(done)

@@ -14,7 +14,9 @@ that node is a replay and refused (StaleRevision, counted in
 node's sequence afresh (a restarted agent counts from 1 again), and so does a new
 leader. Each node may also send at most ``heartbeat_burst`` heartbeats at once,
 refilled one per heartbeat interval (spec: "max 1 heartbeat per interval"); more are
-refused with RESOURCE_EXHAUSTED (``reason="rate_limited"``).
+refused with RESOURCE_EXHAUSTED (``reason="rate_limited"``). A heartbeat that carries
+an allocation's end or a prologue result is not counted: agents send one at once on
+every such event, and holding it back would hold back completions.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ HEARTBEATS_REJECTED = Counter(
     "Heartbeats refused by the leader: a replayed sequence number or over the node's rate",
     ["reason"],
 )
+
+
+_EVENT_PHASES = frozenset({"exited", PHASE_STAGED, PHASE_PROLOGUE_FAILED})
 
 
 class NodeMonitor:
@@ -145,11 +150,15 @@ class NodeMonitor:
                 hint="Every heartbeat carries a higher sequence number; a restarted agent "
                 "registers again first.",
             )
-        try:
-            self.heartbeat_limit.check(node_id)
-        except RateLimited:
-            HEARTBEATS_REJECTED.labels("rate_limited").inc()
-            raise
+        # the limit is for liveness-only heartbeats (spec: at most one per interval);
+        # one that carries an allocation's end or prologue result is how completions
+        # reach the quorum at once, and is never held back
+        if not any(r.phase in _EVENT_PHASES for r in reports):
+            try:
+                self.heartbeat_limit.check(node_id)
+            except RateLimited:
+                HEARTBEATS_REJECTED.labels("rate_limited").inc()
+                raise
         self.sequence[node_id] = sequence
         self.last_seen[node_id] = now
         node = self.quorum.read(queries.node, node_id)
