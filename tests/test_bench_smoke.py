@@ -24,6 +24,7 @@ EXPECTED = {
     "pmi_fence.py": {"fence_ms", "fanout_256_ms"},
     "dag.py": {"chain_per_stage_ms", "fanout_enqueue_s", "attach_echo_p50_ms"},
     "prologue.py": {"bare_ms", "uenv_added_ms", "oci_added_ms", "agent_cpu_64"},
+    "auth_overhead.py": {"secure_submits_per_s", "dev_submits_per_s", "ratio", "secure_p99_ms"},
 }
 
 

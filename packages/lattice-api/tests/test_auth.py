@@ -261,3 +261,18 @@ def test_agent_is_limited_to_agent_operations() -> None:
 def test_claiming_user_is_a_user() -> None:
     authorize(who(Role.CLAIMING_USER), "allocation.submit")
     denied(Role.CLAIMING_USER, "node.admin")
+
+
+def test_verified_tokens_are_cached_but_never_past_a_rotation_or_their_expiry() -> None:
+    auth = Authenticator(hmac_secret=SECRET)
+    t = token({"sub": "alice", "exp": int(time.time()) + 600})
+    headers = {"authorization": f"Bearer {t}"}
+    first = auth.authenticate(headers)
+    assert auth.authenticate(headers) is first  # the signature is not checked again
+    auth.set_hmac_secret("another-secret-that-is-long-enough-for-hs256")
+    with pytest.raises(Unauthenticated):  # the rotation drops what the old secret signed
+        auth.authenticate(headers)
+    auth.set_hmac_secret(SECRET)
+    short = token({"sub": "bob", "exp": int(time.time()) + 1})
+    assert auth.authenticate({"authorization": f"Bearer {short}"}).user == "bob"
+    assert auth._verified[short][1] <= time.time() + 1  # cached until its exp at most

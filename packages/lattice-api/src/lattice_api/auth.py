@@ -26,6 +26,8 @@ from __future__ import annotations
 import enum
 import hmac
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
 from lattice_common.errors import Unauthenticated
@@ -102,6 +104,10 @@ def role_from_claims(claims: Mapping[str, object]) -> Role:
 _LOGIN_HINT = "Run `lattice login` again."
 
 
+TOKEN_CACHE_SECONDS = 60.0
+TOKEN_CACHE_SIZE = 10_000
+
+
 class Authenticator:
     def __init__(
         self,
@@ -111,6 +117,10 @@ class Authenticator:
         oidc: OidcProvider | None = None,
     ) -> None:
         self._secret = hmac_secret or None
+        # validated bearer tokens -> (identity, until): a signature check costs more than
+        # the rest of a small request; entries live TOKEN_CACHE_SECONDS at most (a key
+        # withdrawn from the IdP stops being accepted within that) and never past exp
+        self._verified: OrderedDict[str, tuple[Identity, float]] = OrderedDict()
         self._agent_token = agent_token or None
         self._previous_agent_token: str | None = None
         self.oidc = oidc
@@ -123,6 +133,7 @@ class Authenticator:
         """A rotated HS256 secret (lattice_api.rotation): tokens signed with the old one
         are refused from now on."""
         self._secret = secret or None
+        self._verified.clear()
 
     def set_agent_token(self, token: str | None) -> None:
         """A rotated agent token. The previous one stays accepted until the next
@@ -156,6 +167,8 @@ class Authenticator:
                 raise
             err = first
         refreshed = await self.oidc.refresh()
+        if refreshed:  # a key may have been withdrawn: what it signed is checked again
+            self._verified.clear()
         if not self.oidc.metadata:
             raise self.oidc.unavailable() from None
         if refreshed:
@@ -180,6 +193,22 @@ class Authenticator:
             raise Unauthenticated(
                 "missing bearer token", hint="Not logged in. Run `lattice login` first."
             )
+        now = time.time()
+        hit = self._verified.get(token)
+        if hit is not None and now < hit[1]:
+            self._verified.move_to_end(token)
+            return hit[0]
+        who = self._verify(token)
+        until = now + TOKEN_CACHE_SECONDS
+        if who.expires_at is not None:
+            until = min(until, who.expires_at)
+        if until > now:
+            self._verified[token] = (who, until)
+            while len(self._verified) > TOKEN_CACHE_SIZE:
+                self._verified.popitem(last=False)
+        return who
+
+    def _verify(self, token: str) -> Identity:
         import jwt  # imported lazily: not needed in dev mode
 
         try:
