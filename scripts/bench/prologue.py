@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -101,28 +100,17 @@ def uenv_registry(root: Path) -> str | None:
     if shutil.which("mksquashfs") is None:
         log("uenv: mksquashfs not found (package squashfs-tools); uenv jobs skipped")
         return None
-    src = root / "src" / "bin"
-    src.mkdir(parents=True)
-    (src / "hello").write_text("#!/bin/sh\necho hello\n")
-    (src / "hello").chmod(0o755)
+    from lattice_test_harness.uenv_images import build_squashfs, index_entry
+
     reg = root / "registry"
-    reg.mkdir()
-    image = reg / "env.sqfs"
-    done = subprocess.run(
-        ["mksquashfs", str(root / "src"), str(image), "-quiet", "-noappend", "-all-root"],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        log(f"uenv: mksquashfs failed: {done.stderr[-500:]}; uenv jobs skipped")
+    try:
+        image = build_squashfs(reg / "env.sqfs", {"bin/hello": "#!/bin/sh\necho hello\n"})
+    except subprocess.CalledProcessError as e:
+        log(
+            f"uenv: mksquashfs failed: {e.stderr.decode(errors='replace')[-500:]}; uenv jobs skipped"
+        )
         return None
-    index = {
-        UENV_REF: {
-            "file": image.name,
-            "sha256": hashlib.sha256(image.read_bytes()).hexdigest(),
-            "size": image.stat().st_size,
-        }
-    }
+    index = {UENV_REF: index_entry(image)}
     (reg / "index.json").write_text(json.dumps(index))
     return str(reg)
 

@@ -21,6 +21,7 @@ from lattice_acceptance.world import TIMEOUT, Job, StateRecorder, log_lines, sho
 from lattice_acceptance.world import World as ClusterWorld
 from lattice_test_harness.cluster import TERMINAL, ClusterHandle
 from lattice_test_harness.plugin import make_cluster
+from lattice_test_harness.uenv_images import build_squashfs, index_entry, mount_support
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -31,51 +32,24 @@ GOOD = "prgenv/1.0:v1"
 TAMPERED = "prgenv/1.0:tampered"
 
 
-def _why_not() -> str:
-    import os
-
-    if os.geteuid() != 0:
-        return "needs root (loop mounts in a private mount namespace)"
-    for tool in ("mksquashfs", "unshare", "mount"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
-    return ""
-
-
 def _publish(root: Path, build: Path) -> None:
-    src = build / "src" / "bin"
-    src.mkdir(parents=True)
-    hello = src / "hello"
-    hello.write_text('#!/bin/sh\necho "hello from $(dirname "$0")"\n')
-    hello.chmod(0o755)
-    image = build / "prgenv.sqfs"
-    subprocess.run(
-        ["mksquashfs", str(build / "src"), str(image), "-quiet", "-noappend", "-all-root"],
-        check=True,
-        capture_output=True,
+    image = build_squashfs(
+        build / "prgenv.sqfs", {"bin/hello": '#!/bin/sh\necho "hello from $(dirname "$0")"\n'}
     )
     root.mkdir(parents=True)
     shutil.copy(image, root / "prgenv.sqfs")
     shutil.copy(image, root / "prgenv-tampered.sqfs")
-    size = image.stat().st_size
+    signed_off = hashlib.sha256(b"what the site signed off").hexdigest()
     index = {
-        GOOD: {
-            "file": "prgenv.sqfs",
-            "sha256": hashlib.sha256(image.read_bytes()).hexdigest(),
-            "size": size,
-        },
-        TAMPERED: {
-            "file": "prgenv-tampered.sqfs",
-            "sha256": hashlib.sha256(b"what the site signed off").hexdigest(),
-            "size": size,
-        },
+        GOOD: index_entry(root / "prgenv.sqfs"),
+        TAMPERED: index_entry(root / "prgenv-tampered.sqfs", sha256=signed_off),
     }
     (root / "index.json").write_text(json.dumps(index))
 
 
 @pytest.fixture(scope="module")
 def uenv_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
-    why = _why_not()
+    why = mount_support()
     if why:
         pytest.skip(why)
     base = tmp_path_factory.mktemp("node-runtime-bdd")

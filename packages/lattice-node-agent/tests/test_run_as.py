@@ -5,7 +5,6 @@ and the start fails with a clear reason when the user cannot be run as."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from lattice_agent.runtime import ProcessRuntime
 from lattice_agent.scratch import Scratch
 from lattice_common.proto.lattice import v1
 from lattice_common.types import Allocation, AllocationReport, AllocationSpec, AllocationState
+from lattice_test_harness.uenv_images import build_squashfs, index_entry
 
 USER = "lattice-test-u1"
 
@@ -235,21 +235,12 @@ async def test_uenv_job_mounts_as_root_and_runs_as_the_user(
         pytest.skip("mksquashfs/unshare not installed")
     from lattice_agent.uenv import UenvCache, UenvRegistry
 
-    src = tmp_path / "src" / "bin"
-    src.mkdir(parents=True)
-    (src / "hello-uenv").write_text('#!/bin/sh\necho "hello from the uenv as $(id -u)"\n')
-    (src / "hello-uenv").chmod(0o755)
     registry = tmp_path / "registry"
-    registry.mkdir()
-    image = registry / "img.sqfs"
-    subprocess.run(
-        ["mksquashfs", str(src.parent), str(image), "-quiet", "-noappend", "-all-root"],
-        check=True,
-        capture_output=True,
+    image = build_squashfs(
+        registry / "img.sqfs",
+        {"bin/hello-uenv": '#!/bin/sh\necho "hello from the uenv as $(id -u)"\n'},
     )
-    sha = hashlib.sha256(image.read_bytes()).hexdigest()
-    index = {"env/1:v1": {"file": "img.sqfs", "sha256": sha, "size": image.stat().st_size}}
-    (registry / "index.json").write_text(json.dumps(index))
+    (registry / "index.json").write_text(json.dumps({"env/1:v1": index_entry(image)}))
     mount_point = open_tmp / "user-environment"
     rt = ProcessRuntime(
         node_id="n1",

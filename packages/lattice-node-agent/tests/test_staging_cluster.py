@@ -11,11 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 from lattice_test_harness.plugin import make_cluster
+from lattice_test_harness.uenv_images import build_squashfs, index_entry
 from test_uenv import _MOUNT_SKIP
 
 pytestmark = [
@@ -25,31 +25,22 @@ pytestmark = [
 ]
 
 
+HELLO = '#!/bin/sh\necho "hello from $(dirname "$0") on $LATTICE_NODE_ID"\n'
+
+
 def _image(tmp: Path) -> Path:
-    src = tmp / "src" / "bin"
-    src.mkdir(parents=True)
-    hello = src / "hello"
-    hello.write_text('#!/bin/sh\necho "hello from $(dirname "$0") on $LATTICE_NODE_ID"\n')
-    hello.chmod(0o755)
-    image = tmp / "env.sqfs"
-    subprocess.run(
-        ["mksquashfs", str(tmp / "src"), str(image), "-quiet", "-noappend", "-all-root"],
-        check=True,
-        capture_output=True,
-    )
-    return image
+    return build_squashfs(tmp / "env.sqfs", {"bin/hello": HELLO})
 
 
 def _registry(root: Path, image: Path) -> None:
+    """``env/1.0:v1`` (the image) and ``env/1.0:bad`` (its index hash is wrong)."""
     root.mkdir(parents=True)
     shutil.copy(image, root / "good.sqfs")
     shutil.copy(image, root / "bad.sqfs")
-    sha = hashlib.sha256(image.read_bytes()).hexdigest()
     wrong = hashlib.sha256(b"not this image").hexdigest()
-    size = image.stat().st_size
     index = {
-        "env/1.0:v1": {"file": "good.sqfs", "sha256": sha, "size": size},
-        "env/1.0:bad": {"file": "bad.sqfs", "sha256": wrong, "size": size},
+        "env/1.0:v1": index_entry(root / "good.sqfs"),
+        "env/1.0:bad": index_entry(root / "bad.sqfs", sha256=wrong),
     }
     (root / "index.json").write_text(json.dumps(index))
 

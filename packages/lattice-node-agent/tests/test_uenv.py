@@ -40,6 +40,7 @@ from lattice_agent.uenv import (
 )
 from lattice_common.types import Allocation, AllocationReport, AllocationSpec
 from lattice_common.uenv_registry import sign_index_entry
+from lattice_test_harness.uenv_images import build_squashfs, index_entry, mount_support
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -178,16 +179,7 @@ def test_in_use_images_are_never_evicted(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- real mounts
 
 
-def _mount_support() -> str:
-    if os.geteuid() != 0:
-        return "needs root (mount in a private mount namespace)"
-    for tool in ("mksquashfs", "unshare", "mount"):
-        if shutil.which(tool) is None:
-            return f"{tool} not installed"
-    return ""
-
-
-_MOUNT_SKIP = _mount_support()
+_MOUNT_SKIP = mount_support()
 
 
 @pytest.fixture(scope="module")
@@ -195,16 +187,8 @@ def squashfs_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if _MOUNT_SKIP:
         pytest.skip(_MOUNT_SKIP)
     root = tmp_path_factory.mktemp("uenv-build")
-    src = root / "src" / "bin"
-    src.mkdir(parents=True)
-    script = src / "hello-uenv"
-    script.write_text('#!/bin/sh\necho "hello from the uenv $1"\n')
-    script.chmod(0o755)
-    image = root / "prgenv.sqfs"
-    subprocess.run(
-        ["mksquashfs", str(root / "src"), str(image), "-quiet", "-noappend", "-all-root"],
-        check=True,
-        capture_output=True,
+    image = build_squashfs(
+        root / "prgenv.sqfs", {"bin/hello-uenv": '#!/bin/sh\necho "hello from the uenv $1"\n'}
     )
     # can this machine loop-mount it inside a private mount namespace?
     probe = root / "probe"
@@ -223,10 +207,8 @@ def squashfs_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _publish_image(root: Path, ref: str, image: Path, *, tamper: bool = False) -> None:
     root.mkdir(parents=True, exist_ok=True)
     shutil.copy(image, root / "img.sqfs")
-    sha = hashlib.sha256(image.read_bytes()).hexdigest()
-    if tamper:
-        sha = hashlib.sha256(b"not the image").hexdigest()
-    entry = {"file": "img.sqfs", "sha256": sha, "size": image.stat().st_size}
+    wrong = hashlib.sha256(b"not the image").hexdigest() if tamper else ""
+    entry = index_entry(root / "img.sqfs", sha256=wrong)
     (root / "index.json").write_text(json.dumps({ref: entry}))
 
 
@@ -502,21 +484,13 @@ def _view_image(root: Path, mount_point: Path) -> Path:
     ``mount_point``)."""
     if shutil.which("mksquashfs") is None or shutil.which("unsquashfs") is None:
         pytest.skip("squashfs-tools not installed")
-    src = root / "view-src"
-    (src / "bin").mkdir(parents=True)
-    (src / "meta").mkdir()
-    hello = src / "bin" / "hello"
-    hello.write_text('#!/bin/sh\necho "hello: $UENV_GREETING"\n')
-    hello.chmod(0o755)
-    text = json.dumps(VIEWS).replace("@MP@", str(mount_point))
-    (src / "meta" / "env.json").write_text(text)
-    image = root / "view.sqfs"
-    subprocess.run(
-        ["mksquashfs", str(src), str(image), "-quiet", "-noappend", "-all-root", "-no-progress"],
-        check=True,
-        capture_output=True,
+    return build_squashfs(
+        root / "view.sqfs",
+        {
+            "bin/hello": '#!/bin/sh\necho "hello: $UENV_GREETING"\n',
+            "meta/env.json": json.dumps(VIEWS).replace("@MP@", str(mount_point)),
+        },
     )
-    return image
 
 
 def test_views_are_read_from_the_image_once(
