@@ -48,7 +48,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from lattice_common.errors import ValidationError
-from lattice_common.net import split_host_port
+from lattice_common.net import http_url_or_empty, split_host_port
 from lattice_common.secrets import SecretsConfig
 from lattice_common.types import SchedulerType
 
@@ -561,13 +561,7 @@ class NetworkConfig(_Section):
     @field_validator("fabric_manager_url")
     @classmethod
     def _fabric_manager_url(cls, v: str) -> str:
-        v = v.strip()
-        if not v:
-            return v
-        scheme, sep, rest = v.partition("://")
-        if not sep or scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
-            raise ValueError(f"expected an http(s) URL or empty, got {v!r}")
-        return v
+        return http_url_or_empty(v)
 
     @model_validator(mode="after")
     def _range(self) -> NetworkConfig:

@@ -26,4 +26,16 @@ def split_host_port(
     return (host or default_host), int(port)
 
 
-__all__ = ["split_host_port"]
+def http_url_or_empty(v: str) -> str:
+    """A config value that must be an http(s) URL with a host, or empty (the feature is
+    off); ValueError otherwise (pydantic reports it with the key)."""
+    v = v.strip()
+    if not v:
+        return v
+    scheme, sep, rest = v.partition("://")
+    if not sep or scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
+        raise ValueError(f"expected an http(s) URL or empty, got {v!r}")
+    return v
+
+
+__all__ = ["http_url_or_empty", "split_host_port"]

@@ -63,6 +63,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from lattice_common.errors import Unavailable, ValidationError
+from lattice_common.net import http_url_or_empty
 
 log = logging.getLogger("lattice.secrets")
 
@@ -96,13 +97,7 @@ class SecretsConfig(BaseModel):
     @field_validator("vault_address")
     @classmethod
     def _vault_address(cls, v: str) -> str:
-        v = v.strip()
-        if not v:
-            return v
-        scheme, sep, rest = v.partition("://")
-        if not sep or scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
-            raise ValueError(f"expected an http(s) URL or empty, got {v!r}")
-        return v
+        return http_url_or_empty(v)
 
 
 SCHEMES = ("env", "file", "vault")
@@ -117,6 +112,7 @@ REFERENCED_ENV: set[str] = set()
 #: secret values this process knows (config secrets, the AppRole secret id, the Vault
 #: token): lattice_common.logging masks them in every log line as a last line of defence
 _KNOWN: set[str] = set()
+_LONGEST_FIRST: tuple[str, ...] = ()  # _KNOWN as redact() walks it, kept by remember()
 _MASK = "**********"
 
 
@@ -124,14 +120,16 @@ def remember(value: str | SecretStr | None) -> None:
     """Mask ``value`` in every log line of this process from now on (values shorter
     than 6 characters are not, they would mask ordinary words)."""
     text = value.get_secret_value() if isinstance(value, SecretStr) else value
-    if text and len(text) >= 6:
+    global _LONGEST_FIRST
+    if text and len(text) >= 6 and text not in _KNOWN:
         _KNOWN.add(text)
+        # longest first: a secret that contains another must not leave its rest in clear
+        _LONGEST_FIRST = tuple(sorted(_KNOWN, key=len, reverse=True))
 
 
 def redact(text: str) -> str:
     """``text`` with every remembered secret replaced by ``**********``."""
-    # longest first: a secret that contains another must not leave its rest in clear
-    for value in sorted(_KNOWN, key=len, reverse=True):
+    for value in _LONGEST_FIRST:  # every log line passes here: no sorting per call
         if value in text:
             text = text.replace(value, _MASK)
     return text
