@@ -42,6 +42,7 @@ def test_handlers_live_in_the_domain_modules() -> None:
         "lattice_quorum.handlers.allocations",
         "lattice_quorum.handlers.assignment",
         "lattice_quorum.handlers.tenancy",
+        "lattice_quorum.handlers.pki",
         "lattice_quorum.handlers.dags",
         "lattice_quorum.handlers.sessions",
         "lattice_quorum.handlers.staging",

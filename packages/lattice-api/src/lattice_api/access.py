@@ -20,7 +20,7 @@ _CANCEL_OTHERS = frozenset({Role.SYSTEM_ADMIN, Role.TENANT_ADMIN})
 
 
 # roles that read every allocation (system-wide); a tenant admin reads its tenant's
-_READ_ALL = frozenset({Role.SYSTEM_ADMIN, Role.OPERATOR, Role.READ_ONLY, Role.AGENT})
+_READ_ALL = frozenset({Role.SYSTEM_ADMIN, Role.OPERATOR, Role.READ_ONLY, Role.AGENT, Role.SERVICE})
 
 
 def listing_user(who: Identity, user: str | None, all_users: bool) -> str | None:

@@ -12,7 +12,13 @@ Identity comes from a bearer token, in the specification's order of priority:
   a prominent warning at start in that mode).
 
 Any other algorithm (``none`` included) is refused. The node agents' shared token is
-recognised in every mode. Roles follow the specification's table (scopes first, then
+recognised in every mode.
+
+A verified client certificate (mTLS, lattice_common.pki) takes priority over any
+token: it names a node agent, a bootstrap identity (which may only ask for the agent's
+certificate) or an internal service (scheduler, checkpoint broker, accounting, API
+member), for this site only, and is refused once expired even on a connection opened
+before. Roles follow the specification's table (scopes first, then
 the lattice_role/pact_role claims).
 
 :meth:`Authenticator.authenticate` never does I/O (cached keys only);
@@ -30,6 +36,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
+from lattice_common import pki
 from lattice_common.errors import Unauthenticated
 
 from lattice_api.oidc import KeyRefreshNeeded, OidcProvider
@@ -45,6 +52,21 @@ class Role(enum.StrEnum):
     READ_ONLY = "readonly"
     USER = "user"
     AGENT = "agent"
+    # from certificates only (mTLS): a node's first contact, and the internal services
+    BOOTSTRAP = "bootstrap"
+    SERVICE = "service"
+
+
+#: roles no token gives: only a client certificate does
+CERT_ROLES = frozenset({Role.BOOTSTRAP, Role.SERVICE})
+_CERT_KIND_ROLES = {
+    pki.Kind.AGENT: Role.AGENT,
+    pki.Kind.BOOTSTRAP: Role.BOOTSTRAP,
+    pki.Kind.API: Role.SERVICE,
+    pki.Kind.SCHEDULER: Role.SERVICE,
+    pki.Kind.CHECKPOINT: Role.SERVICE,
+    pki.Kind.ACCOUNTING: Role.SERVICE,
+}
 
 
 _SCOPES = {
@@ -65,9 +87,10 @@ _CLAIMS = {
 
 class Identity:
     """The caller: user (the token's subject), role, tenant; ``expires_at`` (epoch
-    seconds) and ``method`` (oidc, hmac, agent, none) say how it was established."""
+    seconds) and ``method`` (oidc, hmac, agent, mtls, spiffe, none) say how it was
+    established; ``cert``: what a client certificate named (mTLS)."""
 
-    __slots__ = ("expires_at", "method", "role", "tenant", "user")
+    __slots__ = ("cert", "expires_at", "method", "role", "tenant", "user")
 
     def __init__(
         self,
@@ -77,12 +100,14 @@ class Identity:
         *,
         expires_at: float | None = None,
         method: str = "",
+        cert: pki.CertIdentity | None = None,
     ) -> None:
         self.user = user
         self.role = role
         self.tenant = tenant
         self.expires_at = expires_at
         self.method = method
+        self.cert = cert
 
     def __repr__(self) -> str:
         return f"Identity({self.user!r}, {self.role.value})"
@@ -115,8 +140,10 @@ class Authenticator:
         hmac_secret: str | None = None,
         agent_token: str | None = None,
         oidc: OidcProvider | None = None,
+        site: str = "local",
     ) -> None:
         self._secret = hmac_secret or None
+        self.site = site  # client certificates must name this site
         # validated bearer tokens -> (identity, until): a signature check costs more than
         # the rest of a small request; entries live TOKEN_CACHE_SECONDS at most (a key
         # withdrawn from the IdP stops being accepted within that) and never past exp
@@ -157,9 +184,44 @@ class Authenticator:
         if self.oidc is not None:
             await self.oidc.start()
 
-    async def authenticate_async(self, headers: Mapping[str, str]) -> Identity:
+    def from_certificate(self, peercert: Mapping[str, object], now: float) -> Identity:
+        """The caller a verified client certificate names (the TLS layer checked the
+        chain; here the name, the site and the expiry)."""
+        cert = pki.peer_identity(peercert)
+        if cert is None:
+            raise Unauthenticated(
+                "the client certificate names no Lattice component",
+                hint="Use a certificate issued by `lattice admin ca issue` or the node's "
+                "agent certificate.",
+            )
+        if cert.site != self.site:
+            raise Unauthenticated(
+                f"the client certificate is for site {cert.site!r}, this is {self.site!r}",
+                hint="Check tls.site on both sides.",
+            )
+        if now >= cert.not_after:
+            raise Unauthenticated(
+                f"the client certificate of {cert.kind.value} {cert.name} has expired",
+                hint="Agents renew at two thirds of the lifetime; restart the agent with a "
+                "bootstrap certificate (`lattice admin ca issue --kind bootstrap`).",
+            )
+        method = "spiffe" if cert.source == "spiffe" else "mtls"
+        return Identity(
+            f"{cert.kind.value}:{cert.name}",
+            _CERT_KIND_ROLES[cert.kind],
+            expires_at=cert.not_after,
+            method=method,
+            cert=cert,
+        )
+
+    async def authenticate_async(
+        self, headers: Mapping[str, str], peercert: Mapping[str, object] | None = None
+    ) -> Identity:
         """:meth:`authenticate`, refreshing the IdP's key set (at most once per its
-        ``min_refresh_interval``) when the token names a key not in the cache."""
+        ``min_refresh_interval``) when the token names a key not in the cache. A
+        verified client certificate (``peercert``) comes first."""
+        if peercert:
+            return self.from_certificate(peercert, time.time())
         try:
             return self.authenticate(headers)
         except KeyRefreshNeeded as first:

@@ -112,7 +112,12 @@ def middleware(auth: Authenticator, limiter: RateLimiter | None = None) -> Any:
             permission = ROUTE_PERMISSIONS.get(method)
             if permission != PUBLIC:
                 try:
-                    identity = await auth.authenticate_async(request.headers)
+                    peercert = (
+                        request.transport.get_extra_info("peercert")
+                        if request.transport is not None
+                        else None
+                    )
+                    identity = await auth.authenticate_async(request.headers, peercert)
                 except Unauthenticated as e:
                     if auth.on_failure is not None:  # the audit log
                         auth.on_failure(request.remote or "", request.headers, e.message)

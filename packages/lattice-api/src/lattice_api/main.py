@@ -26,6 +26,7 @@ from lattice_api.operations import Operations
 from lattice_api.rest.app import build_rest_app
 from lattice_api.rotation import watch_api_secrets
 from lattice_api.settings import ApiSettings
+from lattice_api.tls import ServerTls
 
 log = logging.getLogger("lattice.server")
 
@@ -62,6 +63,7 @@ async def serve(
         commit_timeout=q.commit_timeout_seconds,
         log_compaction_min_entries=q.log_compaction_min_entries,
         log_compaction_min_time=q.log_compaction_min_time,
+        raft_password=q.raft_password.get_secret_value() if q.raft_password else None,
     )
     loop = asyncio.get_running_loop()
     member.attach_loop(loop)
@@ -72,7 +74,8 @@ async def serve(
     oidc = (
         OidcProvider(cfg.api.oidc_issuer, cfg.api.oidc_client_id) if cfg.api.oidc_issuer else None
     )
-    auth = Authenticator(hmac_secret=secret, agent_token=agent_token, oidc=oidc)
+    auth = Authenticator(hmac_secret=secret, agent_token=agent_token, oidc=oidc, site=cfg.tls.site)
+    tls = ServerTls.from_config(cfg.api)
     if auth.dev_mode:
         log.warning(
             "NO AUTHENTICATION CONFIGURED: every caller is trusted as a system admin and "
@@ -104,8 +107,9 @@ async def serve(
         rate_limit=cfg.rate_limit,
         audit_signing_key_path=cfg.api.audit_signing_key_path,
         audit_key_dir=q.data_dir,
+        tls=cfg.tls,
     )
-    agents = AgentChannels(agent_token)
+    agents = AgentChannels(agent_token, ssl=tls.client if tls is not None else None)
     logs = LogProxy(member, agents)
     fabric = FabricManager.from_config(cfg.network)
     ops = Operations(
@@ -120,21 +124,29 @@ async def serve(
     )
     grpc = build_grpc_server(ops, auth)
     ghost, gport = split_host_port(cfg.api.grpc_listen, default_host="0.0.0.0")
-    await grpc.start(ghost, gport)
+    follow_ca = None
+    if tls is not None:
+        tls.trust_quorum_ca(member)
+        ops.pki.on_change = lambda: tls.trust_quorum_ca(member)
+        follow_ca = asyncio.create_task(tls.follow_ca(member))
+    await grpc.start(ghost, gport, ssl=tls.grpc if tls is not None else None)
     runner = web.AppRunner(build_rest_app(ops, auth), access_log=None)
     await runner.setup()
     rhost, rport = split_host_port(cfg.api.rest_listen, default_host="0.0.0.0")
-    site = web.TCPSite(runner, rhost, rport, reuse_address=True)
+    site = web.TCPSite(
+        runner, rhost, rport, reuse_address=True, ssl_context=tls.rest if tls is not None else None
+    )
     await site.start()
     monitor.start()
     # secrets written as references are re-read and applied without restart
     secrets = watch_api_secrets(cfg, auth)
     log.info(
-        "lattice-server member %s up: raft %s, gRPC %s, REST %s",
+        "lattice-server member %s up: raft %s, gRPC %s, REST %s, %s",
         q.node_id,
         q.bind,
         cfg.api.grpc_listen,
         cfg.api.rest_listen,
+        "no TLS" if tls is None else "mTLS on gRPC" if tls.mutual else "TLS",
     )
     if ready is not None:
         ready.set()
@@ -146,6 +158,8 @@ async def serve(
         await stop.wait()
     finally:
         log.info("shutting down")
+        if follow_ca is not None:
+            follow_ca.cancel()
         await monitor.stop()
         if secrets is not None:
             await secrets.stop()

@@ -22,6 +22,7 @@ from lattice_api.ops.cache import CacheOps
 from lattice_api.ops.dags import DagOps
 from lattice_api.ops.launches import LaunchOps
 from lattice_api.ops.nodes import NodeOps
+from lattice_api.ops.pki import CertificateOps
 from lattice_api.ops.queue import QueueOps
 from lattice_api.ops.quorum import QuorumOps
 from lattice_api.ops.services import ServiceOps
@@ -78,6 +79,8 @@ class Operations:
             quorum, monitor, api_addresses=settings.api_addresses, audit=self.recorder
         )
         self.admin = AdminOps(quorum, api_addresses=settings.api_addresses, audit=self.recorder)
+        # the internal CA (AdminService CA RPCs, NodeService.SignNodeCertificate)
+        self.pki = CertificateOps(quorum, settings.tls, audit=self.recorder)
         # login discovery and whoami; ``oidc`` is the Authenticator's provider (one cache)
         self.auth = AuthOps(
             oidc_issuer=settings.oidc_issuer,

@@ -25,12 +25,13 @@ NOT_BUILT = "unimplemented"
 
 # --- who holds each permission ----------------------------------------------------------
 
-_READ = frozenset(Role) - {Role.AGENT}
+# agents and internal services read what they need; a bootstrap identity reads nothing
+_READ = frozenset(Role) - {Role.AGENT, Role.BOOTSTRAP, Role.SERVICE}
 _WRITE_OWN = frozenset(
     {Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.CLAIMING_USER, Role.USER}
 )
 ROLES: dict[str, frozenset[Role]] = {
-    "allocation.read": _READ | {Role.AGENT},
+    "allocation.read": _READ | {Role.AGENT, Role.SERVICE},
     "allocation.submit": _WRITE_OWN,
     "allocation.cancel": _WRITE_OWN,
     "allocation.launch": _WRITE_OWN,
@@ -38,7 +39,7 @@ ROLES: dict[str, frozenset[Role]] = {
     "allocation.list_all": frozenset(
         {Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.READ_ONLY}
     ),
-    "node.read": _READ | {Role.AGENT},
+    "node.read": _READ | {Role.AGENT, Role.SERVICE},
     "node.admin": frozenset({Role.SYSTEM_ADMIN, Role.OPERATOR, Role.TENANT_ADMIN}),
     "node.agent": frozenset({Role.AGENT, Role.SYSTEM_ADMIN}),
     "node.release": frozenset({Role.SYSTEM_ADMIN, Role.CLAIMING_USER}),
@@ -56,7 +57,12 @@ ROLES: dict[str, frozenset[Role]] = {
     # exporting and verifying the whole log is for system admins
     "audit.read": frozenset({Role.SYSTEM_ADMIN, Role.TENANT_ADMIN}),
     "audit.admin": frozenset({Role.SYSTEM_ADMIN}),
-    "quorum.internal": frozenset({Role.SYSTEM_ADMIN, Role.AGENT}),
+    "quorum.internal": frozenset({Role.SYSTEM_ADMIN, Role.AGENT, Role.SERVICE}),
+    # the internal CA: its certificate is public to anyone authenticated; a node agent
+    # (its bootstrap or current certificate) asks for its own certificate
+    "pki.read": frozenset(Role),
+    "pki.admin": frozenset({Role.SYSTEM_ADMIN}),
+    "node.certificate": frozenset({Role.AGENT, Role.BOOTSTRAP, Role.SYSTEM_ADMIN}),
     # who the caller is (`lattice whoami`): anyone authenticated
     "auth.whoami": frozenset(Role),
 }
@@ -101,6 +107,7 @@ RPCS: dict[str, str] = {
     "NodeService.CacheStatus": "cache.read",
     "NodeService.WarmCache": "cache.admin",
     "NodeService.EvictCache": "cache.admin",
+    "NodeService.SignNodeCertificate": "node.certificate",
     "AdminService.CreateTenant": "tenant.admin",
     "AdminService.ListTenants": "tenant.read",
     "AdminService.GetTenant": "tenant.read",
@@ -119,6 +126,9 @@ RPCS: dict[str, str] = {
     "AdminService.QueryAudit": "audit.read",
     "AdminService.ExportAudit": "audit.admin",
     "AdminService.VerifyAudit": "audit.admin",
+    "AdminService.InitCertificateAuthority": "pki.admin",
+    "AdminService.GetCertificateAuthority": "pki.read",
+    "AdminService.IssueCertificate": "pki.admin",
     "AdminService.GetAccountingUsage": NOT_BUILT,
     "AdminService.GetTenantUsage": "tenant.read",
     "AdminService.GetUserUsage": "tenant.read",
@@ -192,6 +202,11 @@ ROUTES: dict[str, str] = {
     "GET /api/v1/audit": "audit.read",
     "GET /api/v1/admin/audit/export": "audit.admin",
     "POST /api/v1/admin/audit/verify": "audit.admin",
+    # the internal CA
+    "POST /api/v1/admin/ca": "pki.admin",
+    "GET /api/v1/admin/ca": "pki.read",
+    "POST /api/v1/admin/ca/issue": "pki.admin",
+    "POST /api/v1/nodes/{id}/certificate": "node.certificate",
 }
 
 

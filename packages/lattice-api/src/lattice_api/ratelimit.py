@@ -195,7 +195,7 @@ class RateLimiter:
         return int(getattr(self.config, field))
 
     def exempt(self, who: Identity) -> bool:
-        return not self.config.enabled or who.role == Role.AGENT
+        return not self.config.enabled or who.role in (Role.AGENT, Role.SERVICE)
 
     @contextmanager
     def admit(self, who: Identity, call: str) -> Iterator[None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from lattice_common.config import RateLimitConfig
+from lattice_common.config import RateLimitConfig, TlsConfig
 from lattice_common.dag import DEFAULT_MAX_DAG_SIZE
 from lattice_common.ledger import DEFAULT_BUDGET_PERIOD_DAYS
 
@@ -32,6 +32,8 @@ class ApiSettings:
     audit_key_dir: str = ""
     # rate_limit: per-user limits (lattice_api.ratelimit), checked by both transports
     rate_limit: RateLimitConfig = dataclasses.field(default_factory=RateLimitConfig)
+    # tls: the site in certificate names and the lifetimes of what the internal CA signs
+    tls: TlsConfig = dataclasses.field(default_factory=TlsConfig)
 
 
 __all__ = ["ApiSettings"]

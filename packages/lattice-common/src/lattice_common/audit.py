@@ -55,6 +55,9 @@ ALLOCATION_SUBMIT = "allocation.submit"  # sensitive allocations
 ALLOCATION_CANCEL = "allocation.cancel"  # sensitive allocations
 ALLOCATION_END = "allocation.end"  # sensitive allocations
 AUTH_FAILED = "auth.failed"
+CA_INIT = "ca.init"  # the internal CA created or rotated
+CERT_ISSUE = "cert.issue"  # a certificate signed by the internal CA
+NODE_IDENTITY_MISMATCH = "node.identity_mismatch"  # a certificate used for another node
 
 
 class AuditEvent(msgspec.Struct, kw_only=True):
@@ -482,12 +485,15 @@ __all__ = [
     "ALLOCATION_END",
     "ALLOCATION_SUBMIT",
     "AUTH_FAILED",
+    "CA_INIT",
+    "CERT_ISSUE",
     "FORMAT",
     "GENESIS",
     "NODE_CLAIM",
     "NODE_DISABLE",
     "NODE_DRAIN",
     "NODE_ENABLE",
+    "NODE_IDENTITY_MISMATCH",
     "NODE_RELEASE",
     "NODE_UNDRAIN",
     "TENANT_CREATE",

@@ -262,6 +262,17 @@ class AppendAudit(Command, tag="append_audit"):
     outbox_ids: list[int] = msgspec.field(default_factory=list)
 
 
+class InitCertificateAuthority(Command, tag="init_certificate_authority"):
+    """The cluster's internal CA (lattice_common.pki), made by the API that received
+    ``lattice admin ca init``: PEM certificate and key. Refused when one exists unless
+    ``rotate``; a rotated-out CA stays trusted (``ca_previous``) so the certificates it
+    signed keep working until they expire."""
+
+    cert_pem: str
+    key_pem: str
+    rotate: bool = False
+
+
 class Batch(Command, tag="batch"):
     """Several commands in one Raft entry; each gets its own result."""
 
@@ -296,6 +307,7 @@ AnyCommand = (
     | CreateVCluster
     | UpdateVCluster
     | AppendAudit
+    | InitCertificateAuthority
     | Batch
 )
 
@@ -353,6 +365,7 @@ __all__ = [
     "DisableNode",
     "DrainNode",
     "EnableNode",
+    "InitCertificateAuthority",
     "PreemptAllocation",
     "RegisterNode",
     "ReleaseNodeClaim",

@@ -23,6 +23,7 @@ Rules:
   - ``LATTICE_OIDC_HMAC_SECRET`` -> ``api.oidc_hmac_secret``
   - ``LATTICE_AGENT_TOKEN`` -> ``api.agent_token``
   - ``LATTICE_FABRIC_MANAGER_TOKEN`` -> ``network.fabric_manager_token``
+  - ``LATTICE_RAFT_PASSWORD`` -> ``quorum.raft_password``
 
   (the ``LATTICE_<SECTION>__...`` form of the same field wins if both are set).
 * Secrets are :class:`pydantic.SecretStr`: they print as ``**********`` in ``repr``,
@@ -71,6 +72,7 @@ __all__ = [
     "SecretsConfig",
     "StorageConfig",
     "TelemetryConfig",
+    "TlsConfig",
     "load_config",
 ]
 
@@ -80,6 +82,11 @@ SPECIAL_ENV: dict[str, tuple[str, ...]] = {
     "LATTICE_OIDC_HMAC_SECRET": ("api", "oidc_hmac_secret"),
     "LATTICE_AGENT_TOKEN": ("api", "agent_token"),
     "LATTICE_FABRIC_MANAGER_TOKEN": ("network", "fabric_manager_token"),
+    "LATTICE_RAFT_PASSWORD": ("quorum", "raft_password"),
+    "LATTICE_BOOTSTRAP_CERT": ("tls", "cert"),
+    "LATTICE_BOOTSTRAP_KEY": ("tls", "key"),
+    "LATTICE_BOOTSTRAP_CA": ("tls", "ca"),
+    "LATTICE_SPIRE_SOCKET": ("tls", "spire_socket"),
 }
 
 
@@ -175,11 +182,25 @@ class QuorumConfig(_Section):
     backup_dir: str = Field(
         default="/var/lib/lattice/backups", description="where admin backups are written"
     )
+    raft_password: SecretStr | None = Field(
+        default=None,
+        description="shared secret that encrypts and authenticates Raft peer traffic "
+        "(pysyncobj password: Fernet, key by PBKDF2); the same on every member; a "
+        "reference (env://, file://, vault://) or the value; env LATTICE_RAFT_PASSWORD. "
+        "Unset = plaintext, unauthenticated Raft (dev only)",
+    )
 
     @field_validator("bind")
     @classmethod
     def _bind(cls, v: str) -> str:
         return _check_host_port(v)
+
+    @field_validator("raft_password")
+    @classmethod
+    def _raft_password(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not v.get_secret_value().strip():
+            raise ValueError("must not be empty (leave it unset for an unencrypted dev quorum)")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> QuorumConfig:
@@ -691,6 +712,51 @@ class CompatConfig(_Section):
 # ---------------------------------------------------------------------------------------
 
 
+class TlsConfig(_Section):
+    """Certificates between components (spec: internal service authentication). The
+    servers' side is ``api.tls_cert``/``tls_key``/``tls_ca``; this section is the
+    clients' side (agents, schedulers, the checkpoint broker) and the internal CA's
+    naming and lifetimes. Empty ``ca`` = plaintext to lattice-server."""
+
+    site: str = Field(
+        default="local",
+        pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$",
+        description="site name in certificate names: {name}.{site}.lattice.internal",
+    )
+    ca: str = Field(default="", description="CA bundle (PEM) the servers' certificates chain to")
+    cert: str = Field(
+        default="",
+        description="this component's certificate (PEM); for an agent its bootstrap "
+        "certificate (LATTICE_BOOTSTRAP_CERT)",
+    )
+    key: str = Field(default="", description="its private key (PEM, mode 0600)")
+    spire_socket: str = Field(
+        default="/run/spire/agent.sock",
+        description="SPIFFE Workload API socket; agents use an X.509-SVID from it when present",
+    )
+    cert_dir: str = Field(
+        default="/var/lib/lattice/agent/tls",
+        description="where an agent keeps the certificate the quorum CA issued it",
+    )
+    agent_cert_lifetime_seconds: float = Field(
+        default=3 * 86400.0, gt=0, description="node agent certificates (spec: 3 days)"
+    )
+    bootstrap_cert_lifetime_seconds: float = Field(
+        default=3600.0, gt=0, le=3600.0, description="bootstrap certificates (at most 1 h)"
+    )
+    service_cert_lifetime_seconds: float = Field(
+        default=365 * 86400.0, gt=0, description="scheduler, broker and API certificates"
+    )
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsConfig:
+        if bool(self.cert) != bool(self.key):
+            raise ValueError("tls.cert and tls.key must be set together")
+        if self.cert and not self.ca:
+            raise ValueError("tls.cert needs tls.ca (the CA the servers' certificates chain to)")
+        return self
+
+
 class LatticeConfig(_Section):
     """The whole configuration file. Every section is optional."""
 
@@ -707,6 +773,7 @@ class LatticeConfig(_Section):
     federation: FederationConfig = Field(default_factory=FederationConfig)
     compat: CompatConfig = Field(default_factory=CompatConfig)
     secrets: SecretsConfig = Field(default_factory=SecretsConfig)
+    tls: TlsConfig = Field(default_factory=TlsConfig)
 
     #: "section.field" -> the reference it was resolved from (set by load_config)
     _secret_refs: dict[str, str] = pydantic.PrivateAttr(default_factory=dict)

@@ -118,6 +118,14 @@ class Unsatisfiable(LatticeError):
     grpc_status = 9  # FAILED_PRECONDITION
 
 
+class FailedPrecondition(LatticeError):
+    """The cluster is not set up for the request yet (no internal CA, ...)."""
+
+    code = "failed_precondition"
+    http_status = 412
+    grpc_status = 9  # FAILED_PRECONDITION
+
+
 class Unauthenticated(LatticeError):
     code = "unauthenticated"
     http_status = 401
@@ -159,6 +167,7 @@ ERROR_CLASSES: dict[str, type[LatticeError]] = {
         QuotaExceeded,
         RateLimited,
         Unsatisfiable,
+        FailedPrecondition,
         Unauthenticated,
         PermissionDenied,
         Unavailable,

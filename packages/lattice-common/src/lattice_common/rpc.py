@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from collections.abc import AsyncIterator
 
 from grpclib.client import Channel
@@ -47,18 +48,31 @@ def decode_grpc_error(e: GRPCError) -> LatticeError:
     return cls(e.message or e.status.name)
 
 
-class Endpoints:
-    """A list of ``host:port`` API endpoints; ``rotate`` moves to the next one."""
+#: channels retired by a certificate renewal that are kept open for their streams
+RETIRED_CHANNELS_KEPT = 2
 
-    def __init__(self, spec: str | list[str]) -> None:
+
+class Endpoints:
+    """A list of ``host:port`` API endpoints; ``rotate`` moves to the next one.
+
+    ``ssl``: a client context (lattice_common.pki.client_context) for TLS/mTLS to
+    lattice-server; None = plaintext. After the context's certificate is renewed,
+    :meth:`renewed` makes the next calls open a new connection that presents it, while
+    streams already open (an agent's desired state) carry on over the old one."""
+
+    def __init__(self, spec: str | list[str], ssl: ssl.SSLContext | None = None) -> None:
         items = spec.split(",") if isinstance(spec, str) else spec
         self.items = [
-            i.strip().removeprefix("http://").removeprefix("grpc://") for i in items if i.strip()
+            i.strip().removeprefix("https://").removeprefix("http://").removeprefix("grpc://")
+            for i in items
+            if i.strip()
         ]
         if not self.items:
             raise ValueError("no quorum endpoint given")
         self.index = 0
+        self.ssl = ssl
         self._channel: Channel | None = None
+        self._retired: list[Channel] = []
 
     @property
     def current(self) -> str:
@@ -67,8 +81,16 @@ class Endpoints:
     def channel(self) -> Channel:
         if self._channel is None:
             host, port = split_host_port(self.current, default_host="127.0.0.1")
-            self._channel = Channel(host, port)
+            self._channel = Channel(host, port, ssl=self.ssl)
         return self._channel
+
+    def renewed(self) -> None:
+        """The client certificate changed: new calls use a new connection."""
+        if self._channel is not None:
+            self._retired.append(self._channel)
+            self._channel = None
+        while len(self._retired) > RETIRED_CHANNELS_KEPT:
+            self._retired.pop(0).close()
 
     def rotate(self, prefer: str = "") -> None:
         if self._channel is not None:
@@ -86,6 +108,9 @@ class Endpoints:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+        for ch in self._retired:
+            ch.close()
+        self._retired.clear()
 
 
 def auth_metadata(token: str | None = None) -> dict[str, str] | None:

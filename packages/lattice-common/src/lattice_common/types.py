@@ -406,6 +406,10 @@ class Node(msgspec.Struct, kw_only=True):
     state_reason: str = ""
     registered_at: float = 0.0
     revision: int = 0
+    # How the node's agent authenticated at its last call (spiffe, quorum-ca, bootstrap,
+    # token, none), as the API member answering a read saw it: filled on reads from
+    # that member's memory, never by a command
+    agent_identity: str = ""
 
     @property
     def schedulable(self) -> bool:

@@ -45,6 +45,7 @@ from lattice_agent.reconcile import Forget, Start, Stop, reconcile
 from lattice_agent.runtime import ProcessRuntime
 from lattice_agent.scratch import Scratch, ScratchError, default_root
 from lattice_agent.service import NodeAgentService, require_token
+from lattice_agent.tls_identity import AgentTls
 from lattice_agent.uenv import UenvCache
 
 if TYPE_CHECKING:
@@ -97,8 +98,11 @@ class Agent:
         prologue_timeout: float = 300.0,
         identities: IdentityPolicy | None = None,
         scratch: Scratch | None = None,
+        tls: AgentTls | None = None,
     ) -> None:
         self.node_id = node_id
+        # mTLS identity (lattice_agent.tls_identity); None = plaintext with the token
+        self.tls = tls
         # who allocations run as (None: the agent itself) and their scratch directories;
         # the runtime, task launches and attach share both
         identities = identities if identities is not None else IdentityPolicy(node_id=node_id)
@@ -153,7 +157,9 @@ class Agent:
         )
         #: the allocations the desired state assigns to this node, by id
         self.assigned: dict[str, Allocation] = {}
-        self.agents = AgentChannels(token)
+        self.agents = AgentChannels(token, ssl=tls.peer if tls is not None else None)
+        if tls is not None:  # after a renewal, new connections present the new certificate
+            tls.on_renewed += [endpoints.renewed, self.agents.renewed]
         self.fences = FenceRegistry()
         self.launches = LaunchManager(
             node_id,
@@ -217,8 +223,10 @@ class Agent:
                 )
             ]
         )
-        require_token(self._server, self.token)
-        await self._server.start(self.listen_host, self.listen_port)
+        tls = self.tls
+        require_token(self._server, self.token, tls.tls.site if tls is not None else "")
+        server_ssl = tls.server if tls is not None else None
+        await self._server.start(self.listen_host, self.listen_port, ssl=server_ssl)
         port = self._server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.address = f"{self.advertise_host}:{port}"
         tasks = [
@@ -228,6 +236,9 @@ class Agent:
         ]
         if self.fingerprint_source is not None:
             tasks.append(asyncio.create_task(self._conformance_loop(), name="conformance"))
+        if tls is not None and tls.renewable:
+            renew = tls.renew_loop(self.endpoints, self.metadata)
+            tasks.append(asyncio.create_task(renew, name="certificate-renewal"))
         try:
             await asyncio.gather(*tasks)
         finally:

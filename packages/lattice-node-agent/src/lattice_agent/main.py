@@ -7,15 +7,20 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lattice_common.config import NodeAgentConfig, load_config
+from lattice_common.config import LatticeConfig, NodeAgentConfig, TlsConfig, load_config
 from lattice_common.errors import ValidationError
 from lattice_common.net import split_host_port
 from lattice_common.process import daemon_main, run_until_signal, start_metrics
+from pydantic import ValidationError as PydanticValidationError
 
 from lattice_agent.identity import IdentityPolicy
 from lattice_agent.oci import OciStore
 from lattice_agent.scratch import Scratch
+
+if TYPE_CHECKING:
+    from lattice_agent.tls_identity import AgentTls
 
 log = logging.getLogger("lattice.agent")
 
@@ -98,6 +103,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="node-local image caches: <dir>/uenv and <dir>/oci (default "
         "node_agent.uenv_cache_dir and oci_cache_dir); several agents on one host need one each",
     )
+    p.add_argument(
+        "--bootstrap-cert",
+        help="bootstrap certificate (PEM) for first contact, exchanged for a quorum-CA "
+        "certificate (default tls.cert, LATTICE_BOOTSTRAP_CERT)",
+    )
+    p.add_argument("--bootstrap-key", help="its key (default tls.key, LATTICE_BOOTSTRAP_KEY)")
+    p.add_argument(
+        "--bootstrap-ca",
+        help="CA bundle lattice-server's certificate chains to; set = TLS "
+        "(default tls.ca, LATTICE_BOOTSTRAP_CA)",
+    )
+    p.add_argument(
+        "--cert-dir",
+        help="where the quorum-CA certificate is kept between starts (default tls.cert_dir); "
+        "several agents on one host need one each",
+    )
     p.add_argument("--log-level", default=os.environ.get("LATTICE_LOG_LEVEL", "info"))
     return p.parse_args(argv)
 
@@ -155,6 +176,35 @@ def _oci_store(na: NodeAgentConfig, cache_dir: Path) -> OciStore | None:
         )
     except OciError as e:
         raise ValidationError(str(e), hint="fix node_agent.oci_cache_dir") from None
+
+
+async def _identity(
+    args: argparse.Namespace, cfg: LatticeConfig, node_id: str, token: str | None
+) -> AgentTls | None:
+    """The identity cascade (lattice_agent.tls_identity), flags over config."""
+    from lattice_common.rpc import auth_metadata
+
+    from lattice_agent.tls_identity import IdentityError, acquire
+
+    updates = {
+        "cert": args.bootstrap_cert,
+        "key": args.bootstrap_key,
+        "ca": args.bootstrap_ca,
+        "cert_dir": args.cert_dir,
+    }
+    try:
+        tls = cfg.tls.model_copy(update={k: v for k, v in updates.items() if v})
+        tls = TlsConfig.model_validate(tls.model_dump())
+    except PydanticValidationError as e:
+        raise ValidationError(f"invalid TLS options: {e}") from None
+    try:
+        return await acquire(node_id, args.quorum_endpoint, tls, token, auth_metadata(token))
+    except IdentityError as e:
+        raise ValidationError(e.message, hint=e.hint) from None
+    except OSError as e:
+        raise ValidationError(
+            f"cannot read a TLS file: {e}", hint="Check --bootstrap-cert/-key/-ca and tls.*."
+        ) from None
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -219,9 +269,10 @@ async def run(args: argparse.Namespace) -> None:
         mount_point=na.uenv_mount_point,
     )
     oci = _oci_store(na, cache_dir / "oci" if cache_dir else Path(na.oci_cache_dir))
+    tls = await _identity(args, cfg, node_id, token)
     agent = Agent(
         node_id=node_id,
-        endpoints=Endpoints(args.quorum_endpoint),
+        endpoints=Endpoints(args.quorum_endpoint, ssl=tls.client if tls is not None else None),
         capabilities=capabilities,
         hostname=hostname(),
         group=args.group,
@@ -252,6 +303,7 @@ async def run(args: argparse.Namespace) -> None:
         prologue_timeout=na.prologue_timeout_seconds,
         identities=identities,
         scratch=scratch,
+        tls=tls,
     )
     await run_until_signal(agent.run())
 

@@ -22,6 +22,7 @@ import grpclib
 from grpclib.const import Status
 from grpclib.events import RecvRequest, listen
 from grpclib.server import Server
+from lattice_common import pki
 from lattice_common.errors import (
     InvalidTransition,
     LatticeError,
@@ -305,13 +306,33 @@ def _cached_image(e: CacheEntry) -> v1.CachedImage:
     )
 
 
-def require_token(server: Server, token: str | None) -> None:
-    """Refuse every call without ``Authorization: Bearer <token>`` (no token: allow all)."""
-    if not token:
-        return
-    expected = f"Bearer {token}"
+#: who may call a node agent over mTLS: the API members and the other agents (PMI
+#: fences, launch trees); schedulers, brokers and bootstrap identities may not
+AGENT_CALLERS = frozenset({pki.Kind.API, pki.Kind.AGENT})
+
+
+def require_token(server: Server, token: str | None, site: str = "") -> None:
+    """Refuse every call that is not from an API member or an agent. A verified client
+    certificate (mTLS: the server context requires one) must name one of them, for
+    ``site``; without TLS, calls need ``Authorization: Bearer <token>`` (no token:
+    allow all, dev clusters)."""
+    expected = f"Bearer {token}" if token else ""
 
     async def check(event: RecvRequest) -> None:
+        peercert = event.peer.cert() if event.peer is not None else None
+        if peercert:
+            caller = pki.peer_identity(peercert)
+            if caller is None or caller.kind not in AGENT_CALLERS or caller.site != site:
+                named = "nothing" if caller is None else f"{caller.kind.value} {caller.name}"
+                raise grpc_error(
+                    Unauthenticated(
+                        f"{event.method_name}: the client certificate names {named}",
+                        hint="Node agents take calls from API members and other agents only.",
+                    )
+                )
+            return
+        if not expected:
+            return
         got = event.metadata.get("authorization", "")
         if not isinstance(got, str) or not hmac.compare_digest(got, expected):
             raise grpc_error(

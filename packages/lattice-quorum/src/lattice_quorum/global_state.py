@@ -53,6 +53,12 @@ class GlobalState(msgspec.Struct, kw_only=True):
     # the leader's API to sign them into the log; numbered by audit_outbox_seq
     audit_outbox: list[AuditEvent] = msgspec.field(default_factory=list)
     audit_outbox_seq: int = 0
+    # The internal CA (handlers.pki): PEM certificate and key that sign node agents'
+    # certificates; CAs rotated out stay trusted until what they signed expires. Never
+    # in a watch delta (lattice_quorum.quorum.encode_snapshot lists what is).
+    ca_cert_pem: str = ""
+    ca_key_pem: str = ""
+    ca_previous: list[str] = msgspec.field(default_factory=list)
 
 
 class Changes(msgspec.Struct, kw_only=True):

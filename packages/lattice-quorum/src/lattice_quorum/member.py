@@ -97,7 +97,19 @@ class QuorumMember:
         commit_timeout: float = 5.0,
         log_compaction_min_entries: int = 20000,
         log_compaction_min_time: float = 300.0,
+        raft_password: str | None = None,
     ) -> None:
+        """``raft_password`` (``quorum.raft_password``, the same on every member)
+        encrypts and authenticates all Raft peer traffic (pysyncobj's ``password``:
+        Fernet with a PBKDF2-derived key); a peer without it is disconnected on its
+        first message. ``None`` = plaintext, unauthenticated Raft (dev only). It is
+        never logged nor kept on this object."""
+        if raft_password is not None and not raft_password.strip():
+            raise ValidationError(
+                "quorum.raft_password must not be empty",
+                hint="Set the same non-empty secret on every member, or leave it unset "
+                "for an unencrypted dev quorum.",
+            )
         self.node_id = node_id
         self.bind = bind
         self.peers = dict(peers)  # other members: id -> raft address
@@ -126,8 +138,22 @@ class QuorumMember:
             appendEntriesUseBatch=False,
             onStateChanged=self._on_raft_state,
             dynamicMembershipChange=True,
+            password=raft_password,
         )
+        self.encrypted = raft_password is not None
         self.syncobj = SyncObj(bind, list(self.peers.values()), conf=conf, consumers=[self.sm])
+        # pysyncobj reads the password once, in SyncObj.__init__, to derive its Fernet
+        # key; drop the clear text so it does not linger on the conf object.
+        conf.password = None
+        if self.encrypted:
+            log.info("member %s: Raft peer traffic encrypted and authenticated", node_id)
+        elif self.peers:
+            log.warning(
+                "member %s: Raft peer traffic is NOT encrypted or authenticated; set "
+                "quorum.raft_password (LATTICE_RAFT_PASSWORD) on every member and bind "
+                "quorum.bind to a private management interface",
+                node_id,
+            )
 
     # --- bootstrap ----------------------------------------------------------------
 

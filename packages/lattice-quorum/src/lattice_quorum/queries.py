@@ -320,6 +320,7 @@ __all__ = [
     "admit",
     "allocation",
     "allocations_matching",
+    "certificate_authority",
     "dag",
     "dag_member_states",
     "dags",
@@ -449,3 +450,12 @@ def audit_entries(
 def audit_log(s: GlobalState) -> tuple[list[AuditEntry], dict[str, str]]:
     """The whole log (oldest first) and the PEM of each key that signed it, by key id."""
     return list(s.audit_log), dict(s.audit_keys)
+
+
+# --- the internal CA ----------------------------------------------------------------------
+
+
+def certificate_authority(s: GlobalState) -> tuple[str, str, list[str]]:
+    """(certificate PEM, key PEM, rotated-out certificates still trusted); empty
+    strings when the cluster has no CA (`lattice admin ca init`)."""
+    return s.ca_cert_pem, s.ca_key_pem, list(s.ca_previous)

@@ -27,6 +27,7 @@ from lattice_quorum.handlers import (  # services: installs the registry hook
     audit,
     dags,
     nodes,
+    pki,
     services,  # noqa: F401
     sessions,
     staging,
@@ -94,4 +95,6 @@ _HANDLERS: dict[type[c.Command], Handler] = {
     c.UpdateVCluster: tenancy.update_vcluster,
     # the audit log
     c.AppendAudit: audit.append_audit,
+    # the internal CA
+    c.InitCertificateAuthority: pki.init_certificate_authority,
 }

@@ -38,6 +38,7 @@ from lattice_api.oidc import OidcProvider
 from lattice_api.operations import Operations
 from lattice_api.rest.app import build_rest_app
 from lattice_api.settings import ApiSettings
+from lattice_api.tls import ServerTls
 from lattice_common import commands as c
 from lattice_common.errors import LatticeError
 from lattice_common.types import (
@@ -227,6 +228,7 @@ async def serve_local_api(
     settings: ApiSettings | None = None,
     quorum: LocalQuorum | None = None,
     oidc_min_refresh_interval: float = 0.0,
+    tls: ServerTls | None = None,
 ) -> AsyncIterator[LocalApi]:
     """The real REST and gRPC servers over a LocalQuorum on the running loop.
 
@@ -234,7 +236,10 @@ async def serve_local_api(
     mode (the caller is the ``x-lattice-user`` header, as a system admin), like
     ``lattice dev up``. With ``settings.oidc_issuer`` tokens are checked against that
     identity provider's keys (a :class:`lattice_test_harness.fake_idp.FakeIdP`), the key
-    set refetched on an unknown key id at most every ``oidc_min_refresh_interval`` s."""
+    set refetched on an unknown key id at most every ``oidc_min_refresh_interval`` s.
+    With ``tls`` both listeners speak TLS as lattice-server does (mutual on gRPC when
+    it is), trusting the internal CA once one is created (certificates name
+    ``settings.tls.site``)."""
     quorum = quorum or LocalQuorum()
     logs = MemoryLogs()
     requests: list[dict[str, Any]] = []
@@ -246,22 +251,27 @@ async def serve_local_api(
             settings.oidc_client_id,
             min_refresh_interval=oidc_min_refresh_interval,
         )
-    auth = Authenticator(hmac_secret=hmac_secret, agent_token=agent_token, oidc=oidc)
+    auth = Authenticator(
+        hmac_secret=hmac_secret, agent_token=agent_token, oidc=oidc, site=settings.tls.site
+    )
     await auth.start()
     monitor = NodeMonitor(quorum)
     quorum.on_leadership(monitor.on_leadership)
     ops = Operations(
         quorum, monitor=monitor, logs=logs, settings=settings, oidc=oidc, auth_mode=auth.mode
     )
+    if tls is not None:
+        tls.trust_quorum_ca(quorum)
+        ops.pki.on_change = lambda: tls.trust_quorum_ca(quorum)
     app = build_rest_app(ops, auth)
     app.middlewares.insert(0, _recorder(requests))
     grpc = build_grpc_server(ops, auth)
     gsock, rsock = _bound_socket(), _bound_socket()
-    await grpc.start(sock=gsock)
+    await grpc.start(sock=gsock, ssl=tls.grpc if tls is not None else None)
     # streams a client abandoned (an open watch) must not hold the teardown for a minute
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
     await runner.setup()
-    await web.SockSite(runner, rsock).start()
+    await web.SockSite(runner, rsock, ssl_context=tls.rest if tls is not None else None).start()
     try:
         yield LocalApi(quorum, ops, logs, requests, rsock.getsockname()[1], gsock.getsockname()[1])
     finally:

@@ -15,6 +15,7 @@ from lattice_common.wire import from_message, to_message
 from lattice_api.grpc.context import update_fields, who
 from lattice_api.ops.admin import AdminOps
 from lattice_api.ops.audit import AuditOps
+from lattice_api.ops.pki import CertificateOps
 from lattice_api.ops.queue import QueueOps
 from lattice_api.ops.services import ServiceOps
 from lattice_api.ops.usage import UsageOps
@@ -34,12 +35,14 @@ class AdminService(v1.AdminServiceBase):
         queue: QueueOps,
         services: ServiceOps,
         audit: AuditOps | None = None,
+        pki: CertificateOps | None = None,
     ) -> None:
         self.ops = ops
         self.usage = usage
         self.queue = queue
         self.services = services
         self.audit = audit
+        self.pki = pki
 
     # --- the queue view -------------------------------------------------------------
 
@@ -199,6 +202,33 @@ class AdminService(v1.AdminServiceBase):
 
     async def verify_audit(self, message: v1.VerifyAuditRequest) -> v1.VerifyAuditResponse:
         return v1.VerifyAuditResponse(**await self._audit().verify(who()))
+
+    # --- the internal CA --------------------------------------------------------------
+
+    def _pki(self) -> CertificateOps:
+        assert self.pki is not None, "AdminService built without CertificateOps"
+        return self.pki
+
+    async def init_certificate_authority(
+        self, message: v1.InitCertificateAuthorityRequest
+    ) -> v1.CertificateAuthority:
+        return v1.CertificateAuthority(**await self._pki().init_ca(who(), rotate=message.rotate))
+
+    async def get_certificate_authority(
+        self, message: v1.GetCertificateAuthorityRequest
+    ) -> v1.CertificateAuthority:
+        return v1.CertificateAuthority(**self._pki().view())
+
+    async def issue_certificate(self, message: v1.IssueCertificateRequest) -> v1.IssuedCertificate:
+        out = await self._pki().issue(
+            who(),
+            kind=message.kind,
+            name=message.name,
+            csr_pem=message.csr_pem,
+            lifetime=message.lifetime_seconds,
+            hosts=list(message.hosts),
+        )
+        return v1.IssuedCertificate(**out)
 
 
 def _audit_entry(e: AuditEntry) -> v1.AuditEntry:

@@ -15,6 +15,7 @@ from lattice_common.wire import from_message, to_message
 from lattice_api.grpc.context import who
 from lattice_api.ops.cache import CacheOps
 from lattice_api.ops.nodes import NodeOps
+from lattice_api.ops.pki import CertificateOps
 
 
 def _error(d: dict[str, Any] | None) -> v1.ErrorDetail | None:
@@ -48,9 +49,17 @@ def _results(out: dict[str, Any]) -> v1.CacheActionResponse:
 
 
 class NodeService(v1.NodeServiceBase):
-    def __init__(self, ops: NodeOps, cache: CacheOps) -> None:
+    def __init__(self, ops: NodeOps, cache: CacheOps, pki: CertificateOps) -> None:
         self.ops = ops
         self.cache = cache
+        self.pki = pki
+
+    async def sign_node_certificate(
+        self, message: v1.SignNodeCertificateRequest
+    ) -> v1.IssuedCertificate:
+        return v1.IssuedCertificate(
+            **await self.pki.sign_node(who(), message.node_id, message.csr_pem)
+        )
 
     async def list_nodes(self, message: v1.ListNodesRequest) -> v1.ListNodesResponse:
         nodes = self.ops.list(who(), state=message.state or None)
@@ -93,6 +102,7 @@ class NodeService(v1.NodeServiceBase):
         return v1.RegisterNodeResponse(node=to_message(node, v1.Node))
 
     async def heartbeat(self, message: v1.HeartbeatRequest) -> v1.HeartbeatResponse:
+        self.ops.bind_agent(who(), message.node_id)  # on followers too
         hint = self.ops.leader_hint()
         if hint is not None:  # agents follow the hint to the leader
             return v1.HeartbeatResponse(leader_hint=hint)

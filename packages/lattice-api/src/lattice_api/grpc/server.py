@@ -41,7 +41,8 @@ def install_interceptor(
 ) -> None:
     async def on_request(event: RecvRequest) -> None:
         try:
-            set_identity(await auth.authenticate_async(dict(event.metadata)))
+            peercert = event.peer.cert() if event.peer is not None else None
+            set_identity(await auth.authenticate_async(dict(event.metadata), peercert))
         except LatticeError as e:
             set_identity(e)  # raised when the RPC needs the caller
             if isinstance(e, Unauthenticated) and auth.on_failure is not None:  # audit log
@@ -126,8 +127,8 @@ def build_grpc_server(ops: Operations, auth: Authenticator) -> Server:
     server = Server(
         [
             AllocationService(ops.allocations, ops.launches, ops.dags, ops.attach, ops.sessions),
-            NodeService(ops.nodes, ops.cache),
-            AdminService(ops.admin, ops.usage, ops.queue, ops.services, ops.audit),
+            NodeService(ops.nodes, ops.cache, ops.pki),
+            AdminService(ops.admin, ops.usage, ops.queue, ops.services, ops.audit, ops.pki),
             QuorumService(ops.quorum),
         ]
     )

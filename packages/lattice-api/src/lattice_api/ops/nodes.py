@@ -22,6 +22,17 @@ from lattice_api.audit import AuditRecorder
 from lattice_api.auth import Identity
 from lattice_api.node_monitor import NodeMonitor
 from lattice_api.ops.base import raise_if_error
+from lattice_api.ops.pki import require_node_identity
+
+
+def describe_identity(who: Identity) -> str:
+    """How an agent authenticated, for `lattice nodes ID`: the identity cascade's step
+    (spiffe, quorum-ca, site-ca, bootstrap), the shared token, or none (dev mode)."""
+    cert = who.cert
+    if cert is not None:
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cert.not_after))
+        return f"{cert.mode} (serial {cert.serial[:16]}, expires {expires})"
+    return "none" if who.method == "none" else "token"
 
 
 class NodeOps:
@@ -38,6 +49,8 @@ class NodeOps:
         self.api_addresses = dict(api_addresses)
         # drain/undrain/disable/enable are recorded; claims and releases by the quorum
         self.audit = audit
+        # node id -> how its agent authenticated at its last call here (describe_identity)
+        self.agent_identities: dict[str, str] = {}
 
     # --- reads ----------------------------------------------------------------------
 
@@ -52,13 +65,23 @@ class NodeOps:
                     f"unknown node state {state!r}",
                     details={"available": ", ".join(s.value for s in NodeState)},
                 ) from None
-        return self.quorum.read(queries.nodes, wanted)
+        found = self.quorum.read(queries.nodes, wanted)
+        for n in found:  # copies: filling them in changes no state
+            n.agent_identity = self.agent_identities.get(n.id, "")
+        return found
 
     def get(self, who: Identity, node_id: str) -> Node:
         n = self.quorum.read(queries.node, node_id)
         if n is None:
             raise NotFound(f"node {node_id} not found", hint="List nodes with `lattice nodes`.")
+        n.agent_identity = self.agent_identities.get(n.id, "")
         return n
+
+    def bind_agent(self, who: Identity, node_id: str) -> None:
+        """Refuse a node certificate used for another node; note how the agent
+        authenticated."""
+        require_node_identity(who, node_id, self.audit)
+        self.agent_identities[node_id] = describe_identity(who)
 
     # --- admin actions --------------------------------------------------------------
 
@@ -104,6 +127,7 @@ class NodeOps:
         node_id = str(body.get("node_id") or "").strip()
         if not node_id:
             raise ValidationError("node_id is required")
+        self.bind_agent(who, node_id)
         try:
             caps = msgspec.convert(body.get("capabilities") or {}, NodeCapabilities)
         except msgspec.ValidationError as e:
@@ -135,6 +159,7 @@ class NodeOps:
         fingerprint: str = "",
     ) -> dict[str, object]:
         """What the agent should know (accepted? re-register?); NotLeader on a follower."""
+        self.bind_agent(who, node_id)
         return await self.monitor.heartbeat(node_id, sequence, reports, fingerprint)
 
     def leader_hint(self) -> str | None:
@@ -152,6 +177,7 @@ class NodeOps:
     ) -> AsyncIterator[tuple[int, list[Allocation]]]:
         """Level-triggered dispatch: the node's desired set now and after every change
         that touches the node."""
+        self.bind_agent(who, node_id)
         q = self.quorum.subscribe()
         try:
             last: tuple[int, tuple[str, ...]] | None = None

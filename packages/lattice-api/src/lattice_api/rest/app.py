@@ -17,6 +17,7 @@ from lattice_api.rest import (
     dags,
     launches,
     nodes,
+    pki,
     public,
     queue,
     services,
@@ -47,6 +48,7 @@ def build_rest_app(ops: Operations, auth: Authenticator) -> web.Application:
         services,
         cache,
         audit,
+        pki,
     ):
         routes.add_routes(app.router, ops)
     return app

@@ -29,6 +29,7 @@ __all__ = (
     "CancelAllocationRequest",
     "CancelDagRequest",
     "CancelDagResponse",
+    "CertificateAuthority",
     "CheckpointRequest",
     "CheckpointResponse",
     "CompareMetricsRequest",
@@ -63,6 +64,7 @@ __all__ = (
     "GetAccountingUsageResponse",
     "GetAllocationRequest",
     "GetCacheStatusRequest",
+    "GetCertificateAuthorityRequest",
     "GetDagRequest",
     "GetDiagnosticsRequest",
     "GetLogsRequest",
@@ -80,6 +82,9 @@ __all__ = (
     "HealthSummary",
     "HeartbeatRequest",
     "HeartbeatResponse",
+    "InitCertificateAuthorityRequest",
+    "IssueCertificateRequest",
+    "IssuedCertificate",
     "LaunchDone",
     "LaunchEvent",
     "LaunchOutput",
@@ -141,6 +146,7 @@ __all__ = (
     "RestoreBackupResponse",
     "ServiceEndpoint",
     "Session",
+    "SignNodeCertificateRequest",
     "StartEstimate",
     "StateEvent",
     "StreamLogsRequest",
@@ -1074,6 +1080,41 @@ default_message_pool.register_message("lattice.v1", "CancelDagResponse", CancelD
 
 
 @dataclass(eq=False, repr=False)
+class CertificateAuthority(betterproto2.Message):
+    """
+    The internal CA's public side.
+    """
+
+    cert_pem: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    the current CA certificate ("" = none yet)
+    """
+
+    serial: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    its serial number, hex
+    """
+
+    not_after: "float" = betterproto2.field(3, betterproto2.TYPE_DOUBLE)
+    """
+    its expiry, epoch seconds
+    """
+
+    previous_pem: "list[str]" = betterproto2.field(4, betterproto2.TYPE_STRING, repeated=True)
+    """
+    rotated-out CA certificates still trusted
+    """
+
+    site: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    the site in certificate names: {name}.{site}.lattice.internal
+    """
+
+
+default_message_pool.register_message("lattice.v1", "CertificateAuthority", CertificateAuthority)
+
+
+@dataclass(eq=False, repr=False)
 class CheckpointRequest(betterproto2.Message):
     id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -1786,6 +1827,16 @@ default_message_pool.register_message("lattice.v1", "GetCacheStatusRequest", Get
 
 
 @dataclass(eq=False, repr=False)
+class GetCertificateAuthorityRequest(betterproto2.Message):
+    pass
+
+
+default_message_pool.register_message(
+    "lattice.v1", "GetCertificateAuthorityRequest", GetCertificateAuthorityRequest
+)
+
+
+@dataclass(eq=False, repr=False)
 class GetDagRequest(betterproto2.Message):
     id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -2162,6 +2213,82 @@ class HeartbeatResponse(betterproto2.Message):
 
 
 default_message_pool.register_message("lattice.v1", "HeartbeatResponse", HeartbeatResponse)
+
+
+@dataclass(eq=False, repr=False)
+class InitCertificateAuthorityRequest(betterproto2.Message):
+    rotate: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
+    """
+    replace an existing CA (the old one stays trusted until what it signed expires)
+    """
+
+
+default_message_pool.register_message(
+    "lattice.v1", "InitCertificateAuthorityRequest", InitCertificateAuthorityRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class IssueCertificateRequest(betterproto2.Message):
+    kind: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    bootstrap | agent | api | scheduler | checkpoint | accounting
+    """
+
+    name: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    node id (bootstrap, agent) or component name
+    """
+
+    csr_pem: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    the request, made where the key lives
+    """
+
+    lifetime_seconds: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
+    """
+    0 = the kind's default; bootstrap at most 3600
+    """
+
+    hosts: "list[str]" = betterproto2.field(5, betterproto2.TYPE_STRING, repeated=True)
+    """
+    extra DNS names or IP addresses (servers)
+    """
+
+
+default_message_pool.register_message(
+    "lattice.v1", "IssueCertificateRequest", IssueCertificateRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class IssuedCertificate(betterproto2.Message):
+    """
+    A signed certificate and the CA bundle to trust.
+    """
+
+    cert_pem: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    the certificate
+    """
+
+    ca_pem: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    the CA certificates to trust (current first, then rotated-out ones)
+    """
+
+    serial: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    its serial number, hex
+    """
+
+    not_after: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
+    """
+    its expiry, epoch seconds
+    """
+
+
+default_message_pool.register_message("lattice.v1", "IssuedCertificate", IssuedCertificate)
 
 
 @dataclass(eq=False, repr=False)
@@ -3122,6 +3249,13 @@ class Node(betterproto2.Message):
     when the claim was made
     """
 
+    agent_identity: "str" = betterproto2.field(26, betterproto2.TYPE_STRING)
+    """
+    How its agent authenticated at its last call, as the API member answering saw it:
+    spiffe | quorum-ca | bootstrap | token | none, with the certificate's serial and
+    expiry (leader memory, never committed)
+    """
+
 
 default_message_pool.register_message("lattice.v1", "Node", Node)
 
@@ -3833,6 +3967,24 @@ class Session(betterproto2.Message):
 
 
 default_message_pool.register_message("lattice.v1", "Session", Session)
+
+
+@dataclass(eq=False, repr=False)
+class SignNodeCertificateRequest(betterproto2.Message):
+    node_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    must be the node the caller's certificate names
+    """
+
+    csr_pem: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    subject O=Lattice, OU=agent, CN={node_id}.{site}.lattice.internal
+    """
+
+
+default_message_pool.register_message(
+    "lattice.v1", "SignNodeCertificateRequest", SignNodeCertificateRequest
+)
 
 
 @dataclass(eq=False, repr=False)
@@ -5079,6 +5231,68 @@ class AdminServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def init_certificate_authority(
+        self,
+        message: "InitCertificateAuthorityRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "CertificateAuthority":
+        """
+        The internal CA that signs node agents' certificates: create (or rotate) it, read
+        its certificate, and issue a certificate from a request (bootstrap certificates for
+        a node's first contact, certificates of schedulers, brokers and API members).
+        """
+
+        return await self._unary_unary(
+            "/lattice.v1.AdminService/InitCertificateAuthority",
+            message,
+            CertificateAuthority,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def get_certificate_authority(
+        self,
+        message: "GetCertificateAuthorityRequest | None" = None,
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "CertificateAuthority":
+
+        if message is None:
+            message = GetCertificateAuthorityRequest()
+
+        return await self._unary_unary(
+            "/lattice.v1.AdminService/GetCertificateAuthority",
+            message,
+            CertificateAuthority,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def issue_certificate(
+        self,
+        message: "IssueCertificateRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "IssuedCertificate":
+
+        return await self._unary_unary(
+            "/lattice.v1.AdminService/IssueCertificate",
+            message,
+            IssuedCertificate,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
     async def get_accounting_usage(
         self,
         message: "GetAccountingUsageRequest",
@@ -6171,6 +6385,28 @@ class NodeServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def sign_node_certificate(
+        self,
+        message: "SignNodeCertificateRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "IssuedCertificate":
+        """
+        A node agent's certificate from the internal CA, for a request it made: called with
+        its bootstrap certificate (first contact) or its current certificate (renewal).
+        """
+
+        return await self._unary_unary(
+            "/lattice.v1.NodeService/SignNodeCertificate",
+            message,
+            IssuedCertificate,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class QuorumServiceStub(betterproto2_grpclib.ServiceStub):
     async def propose(
@@ -6336,6 +6572,27 @@ class AdminServiceBase(betterproto2_grpclib.ServiceBase):
         """
         Verify the committed audit chain (hashes, links, signatures) on the server.
         """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def init_certificate_authority(
+        self, message: "InitCertificateAuthorityRequest"
+    ) -> "CertificateAuthority":
+        """
+        The internal CA that signs node agents' certificates: create (or rotate) it, read
+        its certificate, and issue a certificate from a request (bootstrap certificates for
+        a node's first contact, certificates of schedulers, brokers and API members).
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def get_certificate_authority(
+        self, message: "GetCertificateAuthorityRequest"
+    ) -> "CertificateAuthority":
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def issue_certificate(self, message: "IssueCertificateRequest") -> "IssuedCertificate":
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
@@ -6514,6 +6771,30 @@ class AdminServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.verify_audit(request)
         await stream.send_message(response)
 
+    async def __rpc_init_certificate_authority(
+        self, stream: "grpclib.server.Stream[InitCertificateAuthorityRequest, CertificateAuthority]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.init_certificate_authority(request)
+        await stream.send_message(response)
+
+    async def __rpc_get_certificate_authority(
+        self, stream: "grpclib.server.Stream[GetCertificateAuthorityRequest, CertificateAuthority]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.get_certificate_authority(request)
+        await stream.send_message(response)
+
+    async def __rpc_issue_certificate(
+        self, stream: "grpclib.server.Stream[IssueCertificateRequest, IssuedCertificate]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.issue_certificate(request)
+        await stream.send_message(response)
+
     async def __rpc_get_accounting_usage(
         self, stream: "grpclib.server.Stream[GetAccountingUsageRequest, GetAccountingUsageResponse]"
     ) -> None:
@@ -6663,6 +6944,24 @@ class AdminServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 VerifyAuditRequest,
                 VerifyAuditResponse,
+            ),
+            "/lattice.v1.AdminService/InitCertificateAuthority": grpclib.const.Handler(
+                self.__rpc_init_certificate_authority,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                InitCertificateAuthorityRequest,
+                CertificateAuthority,
+            ),
+            "/lattice.v1.AdminService/GetCertificateAuthority": grpclib.const.Handler(
+                self.__rpc_get_certificate_authority,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                GetCertificateAuthorityRequest,
+                CertificateAuthority,
+            ),
+            "/lattice.v1.AdminService/IssueCertificate": grpclib.const.Handler(
+                self.__rpc_issue_certificate,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                IssueCertificateRequest,
+                IssuedCertificate,
             ),
             "/lattice.v1.AdminService/GetAccountingUsage": grpclib.const.Handler(
                 self.__rpc_get_accounting_usage,
@@ -7520,6 +7819,16 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def sign_node_certificate(
+        self, message: "SignNodeCertificateRequest"
+    ) -> "IssuedCertificate":
+        """
+        A node agent's certificate from the internal CA, for a request it made: called with
+        its bootstrap certificate (first contact) or its current certificate (renewal).
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_list_nodes(
         self, stream: "grpclib.server.Stream[ListNodesRequest, ListNodesResponse]"
     ) -> None:
@@ -7633,6 +7942,14 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.evict_cache(request)
         await stream.send_message(response)
 
+    async def __rpc_sign_node_certificate(
+        self, stream: "grpclib.server.Stream[SignNodeCertificateRequest, IssuedCertificate]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.sign_node_certificate(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/lattice.v1.NodeService/ListNodes": grpclib.const.Handler(
@@ -7718,6 +8035,12 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 EvictCacheRequest,
                 CacheActionResponse,
+            ),
+            "/lattice.v1.NodeService/SignNodeCertificate": grpclib.const.Handler(
+                self.__rpc_sign_node_certificate,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SignNodeCertificateRequest,
+                IssuedCertificate,
             ),
         }
 
