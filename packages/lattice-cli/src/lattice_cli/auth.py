@@ -142,11 +142,21 @@ def _read_json(resp: Any) -> Any:
         return {}
 
 
+#: the TLS context of every request here (the server's discovery document, the IdP):
+#: set from the CLI's ca_cert by the login commands (:func:`use_ssl_context`)
+_SSL_CONTEXT: Any = None
+
+
+def use_ssl_context(context: Any) -> None:
+    global _SSL_CONTEXT
+    _SSL_CONTEXT = context
+
+
 def get_json(url: str, *, timeout: float = HTTP_TIMEOUT) -> Any:
     import urllib.request
 
     req = urllib.request.Request(url, headers={"Accept": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+    with urllib.request.urlopen(req, timeout=timeout, context=_SSL_CONTEXT) as resp:
         return _read_json(resp)
 
 
@@ -167,7 +177,7 @@ def post_form(url: str, data: Mapping[str, str], *, timeout: float = HTTP_TIMEOU
         },
     )
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=_SSL_CONTEXT) as resp:
             return _read_json(resp)
     except urllib.error.HTTPError as exc:
         answer = _read_json(exc)

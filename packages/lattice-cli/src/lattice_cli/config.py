@@ -32,6 +32,7 @@ _FILE_KEYS: dict[str, tuple[str, ...]] = {
     "output_format": ("output_format", "output"),
     "color": ("color",),
     "uenv": ("uenv", "default_uenv"),
+    "ca_cert": ("ca_cert",),
 }
 # setting -> environment variables, the first set one wins.
 _ENV_KEYS: dict[str, tuple[str, ...]] = {
@@ -40,6 +41,7 @@ _ENV_KEYS: dict[str, tuple[str, ...]] = {
     "vcluster": ("LATTICE_VCLUSTER",),
     "token": ("LATTICE_TOKEN",),
     "output_format": ("LATTICE_OUTPUT",),
+    "ca_cert": ("LATTICE_CA_CERT",),
 }
 
 
@@ -75,6 +77,8 @@ class CliConfig:
     output_format: str = "table"
     color: bool = True
     uenv: str = ""
+    # CA bundle (PEM) that an https endpoint's certificate chains to; "" = the system's
+    ca_cert: str = ""
     partition_map: dict[str, str] = field(default_factory=dict)
     qos_map: dict[str, int] = field(default_factory=dict)
     path: str = ""
@@ -83,6 +87,21 @@ class CliConfig:
     @property
     def parsed_endpoint(self) -> Endpoint:
         return parse_endpoint(self.endpoint)
+
+    def ssl_context(self) -> Any:
+        """The TLS context for the endpoint: trusting ``ca_cert`` when set (a cluster's
+        own CA, e.g. `lattice dev up --secure`), else None (the system's CAs)."""
+        if not self.ca_cert:
+            return None
+        import ssl
+
+        try:
+            return ssl.create_default_context(cafile=os.path.expanduser(self.ca_cert))
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(
+                f"cannot read ca_cert {self.ca_cert!r} (from {self.sources.get('ca_cert')}): {e}",
+                "Point ca_cert / LATTICE_CA_CERT at the cluster's CA certificate (PEM).",
+            ) from None
 
 
 def parse_endpoint(text: str, default_port: int = DEFAULT_PORT) -> Endpoint:
@@ -302,7 +321,7 @@ def resolve_config(
     if env.get("NO_COLOR"):
         cfg.color = False
     cfg.color = _as_bool(cfg.color, "color")
-    for setting in ("endpoint", "tenant", "vcluster", "token", "output_format", "uenv"):
+    for setting in ("endpoint", "tenant", "vcluster", "token", "output_format", "uenv", "ca_cert"):
         setattr(cfg, setting, str(getattr(cfg, setting)).strip())
     cfg.output_format = cfg.output_format.lower()
     if cfg.output_format not in OUTPUT_FORMATS:

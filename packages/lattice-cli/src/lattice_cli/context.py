@@ -156,6 +156,7 @@ def make_client(state: State, *, min_timeout: float = 0.0) -> Any:
     endpoint = cfg.parsed_endpoint
     headers = {"x-lattice-tenant": cfg.tenant} if cfg.tenant else {}
     timeout = max(float(os.environ.get("LATTICE_TIMEOUT") or 30), min_timeout)
+    ssl_context = ssl_context_of(state)
     return LatticeClient(
         endpoint.host,
         endpoint.port,
@@ -164,7 +165,19 @@ def make_client(state: State, *, min_timeout: float = 0.0) -> Any:
         scheme=endpoint.scheme,
         timeout=timeout,
         transport=os.environ.get("LATTICE_HTTP_TRANSPORT") or "asyncio",
+        ssl_context=ssl_context,
     )
+
+
+def ssl_context_of(state: State) -> Any:
+    """The TLS context for the configured endpoint (``ca_cert``), or None; a ca_cert
+    that cannot be read exits 2 with the hint."""
+    from lattice_cli.config import ConfigError
+
+    try:
+        return state.config.ssl_context()
+    except ConfigError as exc:
+        fail(exc.message, hint=exc.hint, code=2)
 
 
 def cached_token(state: State) -> Any:

@@ -4,6 +4,9 @@ Used by ``lattice dev up`` and by the test harness: 1 or 3 ``lattice-server``
 members, one ``lattice-scheduler`` per vCluster and N ``lattice-agent`` processes,
 each with its own config, data directory and log file under ``base_dir``. Synchronous
 on purpose (subprocess + urllib) so both a CLI command and pytest fixtures can drive it.
+
+``secure=True`` (`lattice dev up --secure`) runs it as production does: TLS, mTLS
+between components, OIDC against a local identity provider (lattice_cli.devsecure).
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from lattice_cli.devsecure import SecureSetup
 
 
 def free_port() -> int:
@@ -48,10 +54,11 @@ class Member:
     rest_port: int
     dir: Path
     proc: subprocess.Popen[bytes] | None = None
+    scheme: str = "http"
 
     @property
     def rest_url(self) -> str:
-        return f"http://127.0.0.1:{self.rest_port}"
+        return f"{self.scheme}://127.0.0.1:{self.rest_port}"
 
     @property
     def grpc_address(self) -> str:
@@ -65,6 +72,7 @@ class AgentProc:
     group: int
     args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+    tls_args: list[str] = field(default_factory=list)  # its bootstrap certificate (secure)
 
 
 class ClusterError(RuntimeError):
@@ -98,6 +106,7 @@ class LocalCluster:
         env: dict[str, str] | None = None,
         agent_homes: tuple[str, ...] = (),
         agent_args: tuple[str, ...] = (),
+        secure: bool = False,
     ) -> None:
         if members not in (1, 3, 5):
             raise ClusterError("a quorum has 1, 3 or 5 members")
@@ -119,6 +128,15 @@ class LocalCluster:
         self.members: list[Member] = []
         self.schedulers: dict[str, subprocess.Popen[bytes]] = {}
         self.agents: list[AgentProc] = []
+        self.secure: SecureSetup | None = None
+        self.idp_proc: subprocess.Popen[bytes] | None = None
+        self.idp_port = 0
+        if secure:
+            from lattice_cli.devsecure import SecureSetup
+
+            self.secure = SecureSetup(self.base)
+            self.idp_port = free_port()
+            self.secure.issuer = f"http://127.0.0.1:{self.idp_port}/realms/lattice"
         self._layout(preferred_ports)
 
     # --- layout and config --------------------------------------------------------
@@ -154,6 +172,7 @@ class LocalCluster:
                 )
             )
         for m in self.members:
+            m.scheme = "https" if self.secure is not None else "http"
             m.dir.mkdir(parents=True, exist_ok=True)
             (m.dir / "config.yaml").write_text(yaml.safe_dump(self.member_config(m)))
         for i in range(self.n_agents):
@@ -172,6 +191,13 @@ class LocalCluster:
         )
 
     def member_config(self, m: Member) -> dict[str, Any]:
+        cfg = self._plain_member_config(m)
+        if self.secure is not None:
+            for section, values in self.secure.member_config(f"member-{m.id}").items():
+                cfg.setdefault(section, {}).update(values)
+        return cfg
+
+    def _plain_member_config(self, m: Member) -> dict[str, Any]:
         return {
             "quorum": {
                 "node_id": m.id,
@@ -251,10 +277,16 @@ class LocalCluster:
     # --- schedulers and agents ----------------------------------------------------------
 
     def start_scheduler(self, vcluster: str) -> None:
+        config: list[str] = []
+        if self.secure is not None:
+            path = self.base / f"scheduler-{vcluster}.yaml"
+            path.write_text(yaml.safe_dump(self.secure.scheduler_config(f"scheduler-{vcluster}")))
+            config = ["--config", str(path)]
         self.schedulers[vcluster] = self._spawn(
             f"scheduler-{vcluster}",
             "lattice_scheduler.main",
             [
+                *config,
                 "--vcluster",
                 vcluster,
                 "--quorum-endpoint",
@@ -303,6 +335,7 @@ class LocalCluster:
                 str(a.dir / "scratch"),
                 "--cache-dir",
                 str(a.dir / "cache"),
+                *a.tls_args,
                 *a.args,
                 *self.agent_args,
             ],
@@ -315,12 +348,43 @@ class LocalCluster:
     def add_agent(self, **kw: Any) -> AgentProc:
         a = self._agent_proc(len(self.agents))
         self.agents.append(a)
+        self._bootstrap(a)
         self.start_agent(a)
         return a
+
+    def _bootstrap(self, a: AgentProc) -> None:
+        """Secure clusters: a fresh bootstrap certificate for the agent's first contact."""
+        if self.secure is None:
+            return
+
+        def issue(kind: str, name: str, csr: str) -> dict[str, Any]:
+            body = {"kind": kind, "name": name, "csr_pem": csr}
+            return self._post(self.rest_url + "/api/v1/admin/ca/issue", body)
+
+        a.tls_args = self.secure.bootstrap_agent(issue, a.node_id, a.dir)
+
+    def start_idp(self, timeout: float = 15.0) -> None:
+        """Secure clusters: the identity provider, before the members (they fetch its
+        keys at start)."""
+        if self.secure is None or (self.idp_proc is not None and self.idp_proc.poll() is None):
+            return
+        self.secure.idp_info.unlink(missing_ok=True)
+        self.idp_proc = self._spawn(
+            "idp", "lattice_test_harness.fake_idp", self.secure.idp_args(self.idp_port)
+        )
+        deadline = time.monotonic() + timeout
+        while not self.secure.read_idp_info():
+            if self.idp_proc.poll() is not None or time.monotonic() > deadline:
+                raise ClusterError(
+                    f"the identity provider did not start; see {self.log_path('idp')} "
+                    "(--secure needs the lattice-test-harness package)"
+                )
+            time.sleep(0.05)
 
     # --- whole cluster ------------------------------------------------------------------
 
     def start(self, timeout: float = 30.0) -> None:
+        self.start_idp()
         for m in self.members:
             self.start_member(m)
         leader = self.leader(timeout)
@@ -328,10 +392,13 @@ class LocalCluster:
         for vc in self.vclusters:
             self.start_scheduler(vc)
         for a in self.agents:
+            self._bootstrap(a)
             self.start_agent(a)
         self.wait_for_nodes(self.n_agents, timeout)
 
     def ensure_defaults(self, leader: Member) -> None:
+        if self.secure is not None:  # the internal CA that signs the agents' certificates
+            self._post(leader.rest_url + "/api/v1/admin/ca", {}, ok_conflict=True)
         self._post(leader.rest_url + "/api/v1/tenants", {"name": self.tenant}, ok_conflict=True)
         for vc in self.vclusters:
             st = DEV_SCHEDULER_TYPES.get(vc, "hpc-backfill")
@@ -360,6 +427,8 @@ class LocalCluster:
         self.schedulers.clear()
         for m in self.members:
             self.stop_member(m)
+        _stop(self.idp_proc, signal.SIGTERM, 5)
+        self.idp_proc = None
         self.kill_workloads()
 
     @property
@@ -410,7 +479,10 @@ class LocalCluster:
         self.remove_cgroups()
 
     def cli_config(self) -> dict[str, Any]:
-        return {"endpoint": self.rest_url, "tenant": self.tenant, "vcluster": self.vclusters[0]}
+        cfg = {"endpoint": self.rest_url, "tenant": self.tenant, "vcluster": self.vclusters[0]}
+        if self.secure is not None:
+            cfg["ca_cert"] = str(self.secure.ca_cert)
+        return cfg
 
     def write_cli_config(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -419,9 +491,23 @@ class LocalCluster:
 
     # --- tiny HTTP helpers (no event loop needed) ------------------------------------
 
+    def _auth(self, url: str) -> tuple[dict[str, str], Any]:
+        """(headers, TLS context) of the cluster's own calls: a system-admin token and
+        the site CA on a secure cluster (not for /healthz, which is public)."""
+        if self.secure is None:
+            return {}, None
+        headers = (
+            {}
+            if url.endswith("/healthz")
+            else {"Authorization": f"Bearer {self.secure.admin_token()}"}
+        )
+        return headers, self.secure.client_context()
+
     def _get(self, url: str, quiet: bool = False) -> Any:
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
+            headers, context = self._auth(url)
+            req = urllib.request.Request(url, headers=headers)
+            with urllib.request.urlopen(req, timeout=2, context=context) as r:
                 return json.loads(r.read())
         except (urllib.error.URLError, OSError, ValueError):
             if quiet:
@@ -429,11 +515,14 @@ class LocalCluster:
             raise
 
     def _post(self, url: str, body: dict[str, Any], ok_conflict: bool = False) -> Any:
+        headers, context = self._auth(url)
         req = urllib.request.Request(
-            url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+            url,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", **headers},
         )
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
+            with urllib.request.urlopen(req, timeout=10, context=context) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as e:
             if ok_conflict and e.code == 409:

@@ -547,6 +547,8 @@ def node_detail(node: dict[str, Any]) -> str:
             ("Owner vCluster", node.get("owner_vcluster")),
             ("Home vCluster", node.get("home_vcluster")),
             ("Claimed by", node.get("claimed_by")),
+            # how its agent authenticated: spiffe, quorum-ca, site-ca, bootstrap, token, none
+            ("Agent identity", node.get("agent_identity")),
         ]
     )
 

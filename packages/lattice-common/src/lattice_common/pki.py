@@ -39,6 +39,7 @@ __all__ = [
     "CertIdentity",
     "Kind",
     "ca_name",
+    "cert_identity",
     "client_context",
     "common_name",
     "create_ca",
@@ -148,14 +149,20 @@ def _time(epoch: float) -> dt.datetime:
 
 
 def create_ca(
-    site: str, *, now: float, lifetime: float = 10 * 365 * 86400.0
+    site: str,
+    *,
+    now: float,
+    lifetime: float = 10 * 365 * 86400.0,
+    name: str = "",
 ) -> tuple[bytes, bytes]:
-    """A self-signed CA for ``site``: (certificate PEM, key PEM)."""
+    """A self-signed CA for ``site``: (certificate PEM, key PEM). Its common name is
+    ``name``, by default :func:`ca_name` (the cluster's internal CA; a site PKI's root
+    has its own name)."""
     key = generate_key()
     subject = x509.Name(
         [
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Lattice"),
-            x509.NameAttribute(NameOID.COMMON_NAME, ca_name(site)),
+            x509.NameAttribute(NameOID.COMMON_NAME, name or ca_name(site)),
         ]
     )
     cert = (
@@ -357,6 +364,34 @@ def peer_identity(peercert: Mapping[str, Any] | None) -> CertIdentity | None:
     if not name or not site or site == rest:
         return None
     return CertIdentity(kind, name, site, serial, not_after, "cert", issuer)
+
+
+def cert_identity(pem: bytes) -> CertIdentity | None:
+    """What a PEM certificate names (the first certificate of a chain), as
+    :func:`peer_identity` reads it from a handshake."""
+    cert = load_cert(pem)
+
+    def rdns(name: x509.Name) -> tuple[tuple[tuple[str, str], ...], ...]:
+        short = {
+            NameOID.COMMON_NAME: "commonName",
+            NameOID.ORGANIZATIONAL_UNIT_NAME: "organizationalUnitName",
+        }
+        return tuple(((short[a.oid], str(a.value)),) for a in name if a.oid in short)
+
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = tuple(("URI", u) for u in san.get_values_for_type(x509.UniformResourceIdentifier))
+    except x509.ExtensionNotFound:
+        uris = ()
+    return peer_identity(
+        {
+            "subject": rdns(cert.subject),
+            "issuer": rdns(cert.issuer),
+            "subjectAltName": uris,
+            "serialNumber": f"{cert.serial_number:X}",
+            "notAfter": cert.not_valid_after_utc.strftime("%b %d %H:%M:%S %Y GMT"),
+        }
+    )
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from lattice_common import commands as c
+from lattice_common.config import TlsConfig
 from lattice_common.errors import (
     ERROR_CLASSES,
     LatticeError,
@@ -113,6 +114,21 @@ class Endpoints:
         self._retired.clear()
 
 
+def service_tls(tls: TlsConfig) -> ssl.SSLContext | None:
+    """The client TLS context of a service (scheduler, checkpoint broker) from its
+    ``tls`` config: None without ``tls.ca`` (plaintext); with ``tls.cert``/``tls.key``
+    it presents them (mTLS, required by lattice-server when ``api.tls_ca`` is set)."""
+    if not tls.ca:
+        return None
+    from pathlib import Path
+
+    from lattice_common import pki
+
+    cert = Path(tls.cert).read_bytes() if tls.cert else None
+    key = Path(tls.key).read_bytes() if tls.key else None
+    return pki.client_context([Path(tls.ca).read_bytes()], cert, key)
+
+
 def auth_metadata(token: str | None = None) -> dict[str, str] | None:
     token = token or os.environ.get("LATTICE_AGENT_TOKEN") or ""
     return {"authorization": f"Bearer {token}"} if token else None
@@ -160,4 +176,11 @@ class RemoteQuorum:
             raise Unavailable(f"watch stream broke: {e}") from None
 
 
-__all__ = ["Endpoints", "NotLeader", "RemoteQuorum", "auth_metadata", "decode_grpc_error"]
+__all__ = [
+    "Endpoints",
+    "NotLeader",
+    "RemoteQuorum",
+    "auth_metadata",
+    "decode_grpc_error",
+    "service_tls",
+]

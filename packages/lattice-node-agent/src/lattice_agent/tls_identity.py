@@ -203,13 +203,6 @@ def _stored(cert_dir: Path, now: float) -> tuple[bytes, bytes, bytes] | None:
     return (cert, key, ca) if start <= now < end else None
 
 
-def _kind_of(cert: bytes) -> str:
-    from cryptography.x509.oid import NameOID
-
-    attrs = pki.load_cert(cert).subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
-    return str(attrs[0].value) if attrs else ""
-
-
 async def acquire(
     node_id: str,
     endpoint: str,
@@ -243,15 +236,26 @@ async def acquire(
     kept = _stored(Path(tls.cert_dir), time.time())
     if kept is not None:
         cert, key, ca = kept
+        named = pki.cert_identity(cert)
+        if named is not None:
+            tls = tls.model_copy(update={"site": named.site})
         ident = AgentTls(
             "quorum-ca", trust=[*site_ca, ca], cert=cert, key=key, node_id=node_id, tls=tls
         )
         log.info("identity: %s", ident.describe())
         return ident
-    # 3. bootstrap files
+    # 3. bootstrap files (they name the site)
     if tls.cert:
         cert, key = Path(tls.cert).read_bytes(), Path(tls.key).read_bytes()
-        if _kind_of(cert) == pki.Kind.AGENT:
+        named = pki.cert_identity(cert)
+        if named is None or named.node_id != node_id:
+            raise IdentityError(
+                f"the bootstrap certificate {tls.cert} is not for node {node_id}"
+                + (f" (it names {named.kind.value} {named.name})" if named else ""),
+                hint="Issue one with `lattice admin ca issue --kind bootstrap --name NODE`.",
+            )
+        tls = tls.model_copy(update={"site": named.site})
+        if named.kind is pki.Kind.AGENT:
             ident = AgentTls("site-ca", trust=site_ca, cert=cert, key=key, node_id=node_id, tls=tls)
             log.info("identity: %s", ident.describe())
             return ident

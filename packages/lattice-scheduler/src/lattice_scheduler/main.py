@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from lattice_common.config import load_config
+from lattice_common.config import LatticeConfig, load_config
 from lattice_common.errors import LatticeError
 from lattice_common.process import daemon_main, run_until_signal, start_metrics
-from lattice_common.rpc import Endpoints, RemoteQuorum
+from lattice_common.rpc import Endpoints, RemoteQuorum, service_tls
 
 if TYPE_CHECKING:  # the loop (prometheus, asyncio) loads only when the daemon starts
     from lattice_scheduler.loop import Scheduler
@@ -71,7 +71,7 @@ def build_scheduler(args: argparse.Namespace) -> Scheduler:
             )
         trace = TraceCapture(cfg.scheduling.trace_path)
     return Scheduler(
-        RemoteQuorum(Endpoints(args.quorum_endpoint), token=token),
+        RemoteQuorum(Endpoints(args.quorum_endpoint, ssl=_tls(cfg)), token=token),
         vclusters,
         cycle_interval=interval,
         trace=trace,
@@ -79,6 +79,17 @@ def build_scheduler(args: argparse.Namespace) -> Scheduler:
         estimates=cfg.scheduling.start_estimates,
         estimate_budget_seconds=cfg.scheduling.estimate_budget_seconds,
     )
+
+
+def _tls(cfg: LatticeConfig) -> Any:
+    try:
+        return service_tls(cfg.tls)
+    except (OSError, ValueError) as e:
+        raise LatticeError(
+            f"cannot load the TLS files: {e}",
+            hint="Check tls.ca, tls.cert and tls.key (a scheduler certificate from "
+            "`lattice admin ca issue --kind scheduler`).",
+        ) from None
 
 
 async def run(args: argparse.Namespace) -> None:

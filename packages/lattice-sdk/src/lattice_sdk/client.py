@@ -755,6 +755,39 @@ class LatticeClient:
         message, last_hash, public_keys: {key_id: PEM}, signing_key_id}``."""
         return await self._call("POST", "/admin/audit/verify", body={})
 
+    # ------------------------------------------------------------------ internal CA
+
+    async def init_ca(self, *, rotate: bool = False) -> dict[str, Any]:
+        """Create the cluster's internal CA (``rotate``: replace it; the old one stays
+        trusted until what it signed expires): ``{cert_pem, serial, not_after,
+        previous_pem, site}``."""
+        return await self._call("POST", "/admin/ca", body={"rotate": rotate})
+
+    async def get_ca(self) -> dict[str, Any]:
+        """The internal CA's certificate (``cert_pem`` "" when there is none yet)."""
+        return await self._call("GET", "/admin/ca")
+
+    async def issue_certificate(
+        self,
+        kind: str,
+        name: str,
+        csr_pem: str,
+        *,
+        lifetime_seconds: float = 0.0,
+        hosts: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """Sign a certificate request (made where the key lives) as ``kind`` (bootstrap,
+        agent, api, scheduler, checkpoint, accounting) for ``name``: ``{cert_pem, ca_pem,
+        serial, not_after}``."""
+        body = {
+            "kind": kind,
+            "name": name,
+            "csr_pem": csr_pem,
+            "lifetime_seconds": lifetime_seconds,
+            "hosts": list(hosts or []),
+        }
+        return await self._call("POST", "/admin/ca/issue", body=body)
+
     # ------------------------------------------------------------------ identity
 
     async def whoami(self) -> dict[str, Any]:

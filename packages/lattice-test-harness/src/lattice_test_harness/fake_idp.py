@@ -439,14 +439,14 @@ class FakeIdP:
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> FakeIdP:
+    def start(self, port: int = 0) -> FakeIdP:
         idp = self
 
         class Handler(_Handler):
             pass
 
         Handler.idp = idp
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._http.daemon_threads = True
         self.base_url = f"http://127.0.0.1:{self._http.server_address[1]}"
         self._thread = threading.Thread(
@@ -763,6 +763,58 @@ class _Handler(BaseHTTPRequestHandler):
 def fake_idp(**kwargs: Any) -> Iterator[FakeIdP]:
     with FakeIdP(**kwargs) as idp:
         yield idp
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m lattice_test_harness.fake_idp``: the fake IdP as a process, for
+    `lattice dev up --secure`. Device logins are approved at once for ``--user``
+    (there is no login page), so ``lattice login --device`` works on a headless
+    machine; the confidential client SERVICE_CLIENT gets tokens by client credentials
+    (with ``scope=admin``: a system admin)."""
+    import argparse
+    import signal
+
+    p = argparse.ArgumentParser(prog="fake-idp", description=main.__doc__)
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0 = any)")
+    p.add_argument("--user", default="alice", help="who every login is (default: alice)")
+    p.add_argument("--tenant", default="default", help="the user's tenant claim")
+    p.add_argument(
+        "--info-file",
+        help="write {issuer, service_client, service_secret} (JSON, mode 0600) once serving",
+    )
+    args = p.parse_args(argv)
+    idp = FakeIdP(login_user=args.user, users={args.user: {"tenant": args.tenant}})
+    idp.start(args.port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def approve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                idp.approve_device(idp.wait_for_device_request(timeout=0.5))
+
+    threading.Thread(target=approve, daemon=True).start()
+    if args.info_file:
+        import os
+
+        info = {
+            "issuer": idp.issuer,
+            "service_client": SERVICE_CLIENT,
+            "service_secret": SERVICE_SECRET,
+        }
+        tmp = args.info_file + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(info, f)
+        os.replace(tmp, args.info_file)
+    print(f"fake IdP serving {idp.issuer} (logins as {args.user})", flush=True)
+    stop.wait()
+    idp.stop()
+
+
+if __name__ == "__main__":
+    main()
 
 
 __all__ = [

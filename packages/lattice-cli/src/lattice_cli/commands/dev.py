@@ -50,6 +50,13 @@ def up(
     write_config: bool = typer.Option(
         True, "--write-config/--no-write-config", help="Point the CLI config at this cluster."
     ),
+    secure: bool = typer.Option(
+        False,
+        "--secure",
+        help="Run it as production does: TLS, mTLS between components (a site CA, the "
+        "internal CA, bootstrap certificates), OIDC against a local identity provider, "
+        "encrypted Raft. Log in with `lattice login --device`.",
+    ),
 ) -> None:
     """Start quorum member(s), a scheduler for the default vCluster and N agents; Ctrl-C stops them."""
     from lattice_cli.devcluster import ClusterError, LocalCluster
@@ -61,7 +68,12 @@ def up(
     if fresh and data_dir.exists():
         shutil.rmtree(data_dir)
     cluster = LocalCluster(
-        data_dir, members=quorum, agents=agents, cycle_interval=cycle_interval, preferred_ports=True
+        data_dir,
+        members=quorum,
+        agents=agents,
+        cycle_interval=cycle_interval,
+        preferred_ports=True,
+        secure=secure,
     )
     stop = {"now": False}
 
@@ -87,11 +99,20 @@ def up(
         typer.echo(f"  member {m.id}: REST {m.rest_url}  gRPC {m.grpc_address}")
     typer.echo(f"  tenant: {cluster.tenant}   vCluster(s): {', '.join(cluster.vclusters)}")
     typer.echo(f"  logs: {cluster.base / 'logs'}")
+    if cluster.secure is not None:
+        typer.echo(f"  identity provider: {cluster.secure.issuer} (logins as alice)")
+        typer.echo(f"  site CA: {cluster.secure.ca_cert}")
     if write_config:
         path = cluster.write_cli_config(_cli_config_path())
         typer.echo(f"  CLI config written to {path}")
     else:
-        typer.echo(f"  export LATTICE_ENDPOINT={cluster.rest_url} LATTICE_TENANT={cluster.tenant}")
+        ca = f" LATTICE_CA_CERT={cluster.secure.ca_cert}" if cluster.secure is not None else ""
+        typer.echo(
+            f"  export LATTICE_ENDPOINT={cluster.rest_url} LATTICE_TENANT={cluster.tenant}{ca}"
+        )
+    if cluster.secure is not None:
+        typer.echo("\nFirst log in (the local identity provider approves at once):")
+        typer.echo("  lattice login --device")
     typer.echo(
         "\nTry (prefix with `uv run` from the repository checkout):\n"
         "  lattice submit --walltime=5m -- echo hello\n  lattice status\n  lattice logs <ID>\n"

@@ -22,7 +22,7 @@ from typing import Annotated
 
 import typer
 
-from lattice_cli.context import fail, state_of, warn
+from lattice_cli.context import fail, ssl_context_of, state_of, warn
 
 
 class Flow(enum.StrEnum):
@@ -79,6 +79,7 @@ def login(
         state.endpoint = server
     try:
         endpoint = state.config.parsed_endpoint.url
+        auth.use_ssl_context(ssl_context_of(state))
         doc = auth.discover(endpoint)
         if device or flow == Flow.device:
             entry = auth.login_device(doc, scope=scope, timeout=timeout)
