@@ -1,16 +1,16 @@
-"""Cost of authentication on the submit path: JWKS-validated OIDC tokens versus dev mode.
+"""Cost of security on the submit path: TLS, mTLS and JWKS-validated OIDC tokens
+versus dev mode.
 
 Two 1-member clusters (LocalCluster members=1, agents=0: submissions need no agents;
 each vCluster's scheduler runs) are up side by side in the same run:
 
-* ``dev``: no authentication (every caller trusted, ``x-lattice-user`` header);
-* ``secure``: the API validates every request's ``Authorization: Bearer`` token against
-  the fake IdP of lattice-test-harness (real HTTP discovery + JWKS, RS256 tokens),
-  ``LATTICE_API__OIDC_ISSUER`` / ``LATTICE_API__OIDC_CLIENT_ID``; the scheduler uses
-  ``LATTICE_AGENT_TOKEN``. The tenant and vCluster are created with an ``admin`` token.
-  Each submitter has its own user and RS256 token, minted up front.
-
-mTLS is not built yet, so it is NOT part of the secure mode (``"mtls": false``).
+* ``dev``: no authentication, plaintext (every caller trusted, ``x-lattice-user``);
+* ``secure``: a `lattice dev up --secure` cluster (lattice_cli.devsecure): REST over TLS,
+  the scheduler on mTLS with its site-CA certificate, Raft encrypted, and every
+  request's ``Authorization: Bearer`` token validated against the fake IdP of
+  lattice-test-harness (real HTTP discovery + JWKS, RS256 tokens). The tenant and
+  vCluster are created with an ``admin`` token. Each submitter has its own user and
+  RS256 token, minted up front, and its own TLS connection (handshake in the warm-up).
 
 ``--clients`` concurrent REST submitters (asyncio tasks, one aiohttp session and
 connection each) POST ``/api/v1/allocations`` back to back until ``--total`` are
@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import sys
 import tempfile
@@ -58,14 +57,19 @@ from _common import (
 )
 
 
-def _post(url: str, body: dict[str, Any], token: str) -> None:
+def _tls(cluster: Any) -> Any:
+    """The secure cluster's client TLS context (its site CA); None for the dev one."""
+    return cluster.secure.client_context() if getattr(cluster, "secure", None) else None
+
+
+def _post(cluster: Any, url: str, body: dict[str, Any], token: str) -> None:
     req = urllib.request.Request(
         url,
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
     )
     try:
-        with urllib.request.urlopen(req, timeout=10):
+        with urllib.request.urlopen(req, timeout=10, context=_tls(cluster)):
             pass
     except urllib.error.HTTPError as e:
         if e.code != 409:
@@ -74,28 +78,30 @@ def _post(url: str, body: dict[str, Any], token: str) -> None:
 
 @contextlib.contextmanager
 def secure_cluster(idp: Any, *, keep: bool = False) -> Iterator[Any]:
-    """A 1-member LocalCluster whose API validates OIDC tokens against ``idp``.
-    LocalCluster.start() sets up the tenant unauthenticated, so the steps are done here:
-    member, tenant + vCluster with an admin token, scheduler (agent token)."""
+    """A 1-member secure LocalCluster (TLS, mTLS, encrypted Raft) whose API validates
+    OIDC tokens against ``idp`` (in this process, so tokens can be minted per user):
+    member, tenant + vCluster with an admin token, scheduler (its certificate)."""
+    import yaml
     from lattice_cli.devcluster import DEV_SCHEDULER_TYPES, LocalCluster
+    from lattice_test_harness.fake_idp import SERVICE_CLIENT, SERVICE_SECRET
 
-    env = {
-        "LATTICE_API__OIDC_ISSUER": idp.issuer,
-        "LATTICE_API__OIDC_CLIENT_ID": idp.client_id,
-        "LATTICE_AGENT_TOKEN": secrets.token_hex(24),
-    }
     base = Path(tempfile.mkdtemp(prefix="lattice-bench-"))
-    cluster = LocalCluster(base / "cluster", members=1, agents=0, env=env)
-    log(f"starting secure cluster (OIDC issuer {idp.issuer}) in {base}")
+    cluster = LocalCluster(base / "cluster", members=1, agents=0, secure=True)
+    cluster.secure.issuer = idp.issuer  # this process's IdP instead of its own
+    cluster.secure.service_client = (SERVICE_CLIENT, SERVICE_SECRET)
+    for m in cluster.members:
+        (m.dir / "config.yaml").write_text(yaml.safe_dump(cluster.member_config(m)))
+    log(f"starting secure cluster (TLS, mTLS, OIDC issuer {idp.issuer}) in {base}")
     t0 = time.perf_counter()
     try:
         for m in cluster.members:
             cluster.start_member(m)
         leader = cluster.leader(60)
         admin = idp.token("bench-admin", scope="admin", lifetime=3600)
-        _post(leader.rest_url + "/api/v1/tenants", {"name": cluster.tenant}, admin)
+        _post(cluster, leader.rest_url + "/api/v1/tenants", {"name": cluster.tenant}, admin)
         for vc in cluster.vclusters:
             _post(
+                cluster,
                 leader.rest_url + "/api/v1/vclusters",
                 {
                     "name": vc,
@@ -119,19 +125,43 @@ def secure_cluster(idp: Any, *, keep: bool = False) -> Iterator[Any]:
             shutil.rmtree(base, ignore_errors=True)
 
 
+def _grpc_refuses_plaintext(cluster: Any) -> bool:
+    """The secure cluster's gRPC port (the components' port) is mutual TLS: a plaintext
+    client never gets an answer."""
+    from grpclib.client import Channel
+    from lattice_common.proto.lattice import v1
+
+    async def go() -> bool:
+        ch = Channel("127.0.0.1", cluster.members[0].grpc_port)
+        try:
+            await v1.NodeServiceStub(ch, timeout=5).list_nodes(v1.ListNodesRequest())
+        except Exception:  # connection lost at the handshake
+            return True
+        finally:
+            ch.close()
+        return False
+
+    return asyncio.run(go())
+
+
 def count(cluster: Any, headers: dict[str, str]) -> int:
     req = urllib.request.Request(
         cluster.leader().rest_url + "/api/v1/allocations?all=true", headers=headers
     )
-    with urllib.request.urlopen(req, timeout=60) as resp:
+    with urllib.request.urlopen(req, timeout=60, context=_tls(cluster)) as resp:
         return len(json.loads(resp.read())["allocations"])
 
 
-async def _load(url: str, body: dict[str, Any], headers: list[dict[str, str]], total: int):
+async def _load(
+    url: str, body: dict[str, Any], headers: list[dict[str, str]], total: int, tls: Any
+):
     import aiohttp
 
     sessions = [
-        aiohttp.ClientSession(headers=h, connector=aiohttp.TCPConnector(limit=1)) for h in headers
+        aiohttp.ClientSession(
+            headers=h, connector=aiohttp.TCPConnector(limit=1, ssl=tls if tls else True)
+        )
+        for h in headers
     ]
     lat: list[float] = []
     errors: list[str] = []
@@ -178,7 +208,8 @@ def one_run(
     pids = {n: p.pid for n, p in cluster_procs(cluster).items()}
     url = cluster.leader().rest_url + "/api/v1/allocations"
     meter = CpuMeter(pids).start()
-    res = asyncio.run(_load(url, job_body(cluster, "true", name=f"bench-{mode}"), headers, total))
+    body = job_body(cluster, "true", name=f"bench-{mode}")
+    res = asyncio.run(_load(url, body, headers, total, _tls(cluster)))
     meter.stop()
     acked = len(res["lat"])
     after = count(cluster, count_headers)
@@ -243,14 +274,15 @@ def main() -> None:
             enforced = False
         except urllib.error.HTTPError as e:
             enforced = e.code == 401
+        mtls = _grpc_refuses_plaintext(sec)
 
     def med(mode: str, key: str, nd: int = 2) -> float | None:
         return r(median(x.get(key) for x in by_mode[mode]), nd)
 
     sec_rate, dev_rate = med("secure", "submits_per_s", 1), med("dev", "submits_per_s", 1)
     out: dict[str, Any] = {
-        "secure_mode": "oidc-jwks-rs256",
-        "mtls": False,
+        "secure_mode": "tls+mtls+oidc-jwks-rs256+raft-encrypted",
+        "mtls": mtls,
         "clients": args.clients,
         "total": total,
         "runs": n_runs,
@@ -272,7 +304,7 @@ def main() -> None:
         "goal_ratio": 0.8,
         "note": f"{args.clients} aiohttp REST submitters (one connection each) in the "
         "benchmark process, same machine as both clusters; runs alternate dev/secure; "
-        "mTLS not built, not included",
+        "secure REST is TLS (HTTP/1.1 keep-alive), the scheduler talks mTLS gRPC",
     }
     samples = [e for m in by_mode.values() for x in m for e in x["error_samples"]]
     if samples:

@@ -491,7 +491,7 @@ class LocalCluster:
 
     # --- tiny HTTP helpers (no event loop needed) ------------------------------------
 
-    def _auth(self, url: str) -> tuple[dict[str, str], Any]:
+    def auth_for(self, url: str) -> tuple[dict[str, str], Any]:
         """(headers, TLS context) of the cluster's own calls: a system-admin token and
         the site CA on a secure cluster (not for /healthz, which is public)."""
         if self.secure is None:
@@ -505,7 +505,7 @@ class LocalCluster:
 
     def _get(self, url: str, quiet: bool = False) -> Any:
         try:
-            headers, context = self._auth(url)
+            headers, context = self.auth_for(url)
             req = urllib.request.Request(url, headers=headers)
             with urllib.request.urlopen(req, timeout=2, context=context) as r:
                 return json.loads(r.read())
@@ -515,7 +515,7 @@ class LocalCluster:
             raise
 
     def _post(self, url: str, body: dict[str, Any], ok_conflict: bool = False) -> Any:
-        headers, context = self._auth(url)
+        headers, context = self.auth_for(url)
         req = urllib.request.Request(
             url,
             data=json.dumps(body).encode(),

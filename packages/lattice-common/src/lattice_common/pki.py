@@ -108,10 +108,19 @@ def ca_name(site: str) -> str:
     return f"Lattice CA {site}.{DOMAIN}"
 
 
+#: X.509 limits a common name to 64 characters
+MAX_COMMON_NAME = 64
+
+
 def common_name(name: str, site: str) -> str:
     if not name or "." in name or not site:
         raise CertError(f"cannot name a certificate for {name!r} at site {site!r}")
-    return f"{name}.{site}.{DOMAIN}"
+    cn = f"{name}.{site}.{DOMAIN}"
+    if len(cn) > MAX_COMMON_NAME:
+        raise CertError(
+            f"{cn!r} is {len(cn)} characters; a certificate name has at most {MAX_COMMON_NAME}"
+        )
+    return cn
 
 
 def generate_key() -> ec.EllipticCurvePrivateKey:
@@ -258,6 +267,9 @@ def sign_csr(
     ca_cert = load_cert(ca_cert_pem)
     ca_key = _load_key(ca_key_pem)
     not_after = min(now + lifetime, ca_cert.not_valid_after_utc.timestamp())
+    # backdated a little for clocks that lag the CA's, never so much that the renewal
+    # point (2/3 of not_before..not_after) falls before the certificate was issued
+    skew = min(60.0, lifetime * 0.05)
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]
     cert = (
         x509.CertificateBuilder()
@@ -265,7 +277,7 @@ def sign_csr(
         .issuer_name(ca_cert.subject)
         .public_key(csr.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(_time(now - 60))
+        .not_valid_before(_time(now - skew))
         .not_valid_after(_time(not_after))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
@@ -342,7 +354,8 @@ def peer_identity(peercert: Mapping[str, Any] | None) -> CertIdentity | None:
     if not peercert:
         return None
     not_after = ssl.cert_time_to_seconds(peercert["notAfter"]) if "notAfter" in peercert else 0.0
-    serial = str(peercert.get("serialNumber", ""))
+    raw = str(peercert.get("serialNumber", ""))
+    serial = f"{int(raw, 16):X}" if raw else ""  # OpenSSL pads to whole bytes; serial_of does not
     issuer = _rdn(peercert.get("issuer", ()), "commonName")
     for typ, value in peercert.get("subjectAltName", ()):
         if typ == "URI" and str(value).startswith("spiffe://"):

@@ -44,6 +44,9 @@ log = logging.getLogger("lattice.agent.tls")
 
 #: the longest wait between two attempts to renew a certificate that failed
 RENEW_RETRY_MAX = 300.0
+#: the shortest time between two renewals (a certificate whose renewal point has passed
+#: on arrival, e.g. a clock far behind the CA's, must not be renewed in a loop)
+RENEW_MIN_INTERVAL = 1.0
 
 
 class IdentityError(LatticeError):
@@ -122,8 +125,7 @@ class AgentTls:
         delay = 5.0
         while self.renewable:
             wait = pki.renew_at(self.cert) - time.time()  # type: ignore[arg-type]
-            if wait > 0:
-                await asyncio.sleep(wait)
+            await asyncio.sleep(max(wait, RENEW_MIN_INTERVAL))
             try:
                 await self.renew(endpoints, metadata)
                 delay = 5.0

@@ -46,14 +46,17 @@ class ClusterHandle:
 
     def request(self, method: str, path: str, body: Any = None, url: str | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
+        target = (url or self.url) + path
+        # a secure cluster: its admin token and its site CA (devcluster.auth_for)
+        auth, context = self.cluster.auth_for(target)
         req = urllib.request.Request(
-            (url or self.url) + path,
+            target,
             data=data,
             method=method,
-            headers={"Content-Type": "application/json", "x-lattice-user": self.user},
+            headers={"Content-Type": "application/json", "x-lattice-user": self.user, **auth},
         )
         try:
-            with urllib.request.urlopen(req, timeout=15) as r:
+            with urllib.request.urlopen(req, timeout=15, context=context) as r:
                 return json.loads(r.read() or b"null")
         except urllib.error.HTTPError as e:
             raw = e.read()
