@@ -220,6 +220,31 @@ async def test_sensitive_claims_submissions_and_ends_are_recorded(served) -> Non
     assert api.quorum.read(queries.audit_outbox_size) == 0
 
 
+async def test_reading_a_sensitive_allocations_logs_is_recorded(served) -> None:
+    api, world, rest, _channel = served
+    api.add_vcluster("sens", scheduler_type=SchedulerType.SENSITIVE_RESERVATION)
+    carol = bearer("carol", Role.CLAIMING_USER)
+    status, a = await rest.call(
+        "POST",
+        "/api/v1/allocations",
+        carol,
+        {"entrypoint": "analyse", "tenant": "bio", "vcluster": "sens", "walltime": "1h"},
+    )
+    assert status == 201, a
+    status, _ = await rest.call("GET", f"/api/v1/allocations/{a['id']}/logs", carol)
+    assert status == 200
+    got = [e for e in await entries(rest) if e["action"] == "allocation.logs"]
+    assert [(e["actor"], e["target"], e["tenant"]) for e in got] == [
+        ("carol", f"allocation:{a['id']}", "bio")
+    ]
+    # logs of ordinary allocations are not recorded
+    status, _ = await rest.call(
+        "GET", f"/api/v1/allocations/{world.bob_running}/logs", bearer("bob")
+    )
+    assert status == 200
+    assert len([e for e in await entries(rest) if e["action"] == "allocation.logs"]) == 1
+
+
 # --------------------------------------------------------------------------- the recorder
 
 

@@ -170,18 +170,19 @@ class AuditRecorder:
             APPEND_FAILURES.inc()
             log.exception("could not queue audit event %s %s", action, target)
 
+    def _sensitive(self, a: Any, cache: dict[str, bool]) -> bool:
+        name = a.spec.vcluster
+        if name not in cache:
+            v = self.quorum.read(queries.vcluster, name)
+            cache[name] = v is not None and v.scheduler_type == SchedulerType.SENSITIVE_RESERVATION
+        return cache[name]
+
     def record_submission(self, user: str, allocations: list[Any]) -> None:
         """``allocation.submit`` for those of ``allocations`` in sensitive vClusters."""
         try:
             sensitive: dict[str, bool] = {}  # per vCluster: a task group reads it once
             for a in allocations:
-                name = a.spec.vcluster
-                if name not in sensitive:
-                    v = self.quorum.read(queries.vcluster, name)
-                    sensitive[name] = (
-                        v is not None and v.scheduler_type == SchedulerType.SENSITIVE_RESERVATION
-                    )
-                if sensitive[name]:
+                if self._sensitive(a, sensitive):
                     self.record(
                         user,
                         audit.ALLOCATION_SUBMIT,
@@ -192,6 +193,24 @@ class AuditRecorder:
         except Exception:
             APPEND_FAILURES.inc()
             log.exception("could not record sensitive submissions")
+
+    def record_access(
+        self, user: str, allocation: Any, action: str, details: Mapping[str, Any] | None = None
+    ) -> None:
+        """Reading a sensitive allocation's logs or attaching to it (spec: every action
+        on sensitive work is audit-logged); nothing for other allocations."""
+        try:
+            if self._sensitive(allocation, {}):
+                self.record(
+                    user,
+                    action,
+                    f"allocation:{allocation.id}",
+                    tenant=allocation.spec.tenant,
+                    details=dict(details or {}),
+                )
+        except Exception:
+            APPEND_FAILURES.inc()
+            log.exception("could not record access to %s", getattr(allocation, "id", "?"))
 
     def auth_failed(self, source: str, headers: Mapping[str, str], reason: str) -> None:
         """A request that failed authentication, from ``source`` (the peer's address),

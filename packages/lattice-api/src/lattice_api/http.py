@@ -22,6 +22,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from lattice_api.auth import Authenticator, Identity
 from lattice_api.permissions import PUBLIC, ROUTE_PERMISSIONS, authorize
 from lattice_api.ratelimit import RateLimiter
+from lattice_api.revalidate import STREAMING_ROUTES, run_rechecked
 
 log = logging.getLogger("lattice.api.rest")
 
@@ -95,7 +96,9 @@ async def stream_ndjson(
     return resp
 
 
-def middleware(auth: Authenticator, limiter: RateLimiter | None = None) -> Any:
+def middleware(
+    auth: Authenticator, limiter: RateLimiter | None = None, revalidation_interval: float = 0.0
+) -> Any:
     """Authenticate (except public routes), check the route's permission once, admit
     the call through the per-user ``limiter`` (held until the handler returns, so a
     stream holds its slot while open; 429 with ``Retry-After`` when over a limit), and
@@ -127,7 +130,10 @@ def middleware(auth: Authenticator, limiter: RateLimiter | None = None) -> Any:
                     authorize(identity, permission)
                     if limiter is not None:
                         release = limiter.check(identity, method)
-            resp = await handler(request)
+            if method in STREAMING_ROUTES and IDENTITY in request:
+                resp = await _rechecked(request, handler, auth, revalidation_interval)
+            else:
+                resp = await handler(request)
             status = resp.status
             return resp
         except LatticeError as e:
@@ -154,6 +160,25 @@ def middleware(auth: Authenticator, limiter: RateLimiter | None = None) -> Any:
             LATENCY.labels(method).observe(time.perf_counter() - t0)
 
     return api_middleware
+
+
+async def _rechecked(
+    request: web.Request, handler: Handler, auth: Authenticator, interval: float
+) -> web.StreamResponse:
+    """A streaming route whose token is checked again while it streams: once it no
+    longer validates, the stream is cut (its status line went out long ago, so the
+    connection is closed; the client reconnects and is refused with the reason)."""
+    try:
+        return await run_rechecked(
+            handler(request),
+            request[IDENTITY],
+            lambda: auth.authenticate_async(request.headers),
+            interval,
+        )
+    except Unauthenticated:
+        if request.transport is not None:
+            request.transport.close()
+        raise
 
 
 __all__ = [

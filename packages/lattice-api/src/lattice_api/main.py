@@ -101,6 +101,7 @@ async def serve(
         oidc_issuer=cfg.api.oidc_issuer,
         oidc_client_id=cfg.api.oidc_client_id,
         max_request_bytes=cfg.api.max_request_bytes,
+        token_revalidation_interval=cfg.api.token_revalidation_interval_seconds,
         max_dag_size=cfg.scheduling.max_dag_size,
         uenv_registry=na.uenv_registry,
         uenv_signing_key=na.uenv_signing_key,

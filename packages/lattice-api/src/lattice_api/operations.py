@@ -71,7 +71,10 @@ class Operations:
         # per-user limits, checked once by the REST middleware and the gRPC interceptor
         self.limiter = RateLimiter(settings.rate_limit)
         self.attach = AttachOps(
-            quorum, self.launches.agents, user_limit=lambda u: self.limiter.limit(u, "attach")
+            quorum,
+            self.launches.agents,
+            user_limit=lambda u: self.limiter.limit(u, "attach"),
+            audit=self.recorder,
         )
         # the nodes' uenv caches, through their agents (NodeService.CacheStatus, ...)
         self.cache = CacheOps(quorum, self.launches.agents)

@@ -32,6 +32,8 @@ class ApiSettings:
     audit_key_dir: str = ""
     # rate_limit: per-user limits (lattice_api.ratelimit), checked by both transports
     rate_limit: RateLimitConfig = dataclasses.field(default_factory=RateLimitConfig)
+    # api.token_revalidation_interval_seconds: long streams re-check their token
+    token_revalidation_interval: float = 300.0
     # tls: the site in certificate names and the lifetimes of what the internal CA signs
     tls: TlsConfig = dataclasses.field(default_factory=TlsConfig)
 

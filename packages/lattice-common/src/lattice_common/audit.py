@@ -54,6 +54,8 @@ VCLUSTER_UPDATE = "vcluster.update"
 ALLOCATION_SUBMIT = "allocation.submit"  # sensitive allocations
 ALLOCATION_CANCEL = "allocation.cancel"  # sensitive allocations
 ALLOCATION_END = "allocation.end"  # sensitive allocations
+ALLOCATION_LOGS = "allocation.logs"  # sensitive allocations: logs read or followed
+ALLOCATION_ATTACH = "allocation.attach"  # sensitive allocations: a terminal opened
 AUTH_FAILED = "auth.failed"
 CA_INIT = "ca.init"  # the internal CA created or rotated
 CERT_ISSUE = "cert.issue"  # a certificate signed by the internal CA
@@ -484,6 +486,8 @@ __all__ = [
     "ALLOCATION_CANCEL",
     "ALLOCATION_END",
     "ALLOCATION_SUBMIT",
+    "ALLOCATION_ATTACH",
+    "ALLOCATION_LOGS",
     "AUTH_FAILED",
     "CA_INIT",
     "CERT_ISSUE",

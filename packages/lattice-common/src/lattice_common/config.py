@@ -244,6 +244,12 @@ class ApiConfig(_Section):
     tls_key: str = Field(default="", description="server key PEM path")
     tls_ca: str = Field(default="", description="CA PEM path; set = require client certs (mTLS)")
     max_request_bytes: int = Field(default=1_048_576, ge=1024)
+    token_revalidation_interval_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="long streams re-check their bearer token this often and end when it "
+        "no longer validates; 0 = never",
+    )
     audit_signing_key_path: str = Field(
         default="",
         description="Ed25519 private key (PEM) that signs audit log entries, the same file "

@@ -194,13 +194,24 @@ def store(cert_dir: Path, cert: bytes, key: bytes, ca: bytes) -> None:
         os.replace(tmp, cert_dir / name)
 
 
-def _stored(cert_dir: Path, now: float) -> tuple[bytes, bytes, bytes] | None:
+def _stored(cert_dir: Path, node_id: str, now: float) -> tuple[bytes, bytes, bytes] | None:
+    """The certificate an earlier run kept, if it is valid now, names this node as an
+    agent and matches its key; anything else is ignored (with a warning when present)."""
     try:
         cert = (cert_dir / "node.crt").read_bytes()
         key = (cert_dir / "node.key").read_bytes()
         ca = (cert_dir / "ca.pem").read_bytes()
+    except OSError:
+        return None
+    try:
         start, end = pki.validity(cert)
-    except (OSError, pki.CertError):
+        named = pki.cert_identity(cert)
+        pki.load_pair(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), cert, key)
+    except pki.CertError as e:
+        log.warning("ignoring the certificate kept in %s: %s", cert_dir, e)
+        return None
+    if named is None or named.kind is not pki.Kind.AGENT or named.node_id != node_id:
+        log.warning("ignoring the certificate kept in %s: it is not node %s's", cert_dir, node_id)
         return None
     return (cert, key, ca) if start <= now < end else None
 
@@ -222,6 +233,13 @@ async def acquire(
         except SpiffeError as e:
             log.warning("SPIFFE Workload API at %s: %s", tls.spire_socket, e.message)
         else:
+            named = pki.cert_identity(svid.cert_chain_pem)
+            if named is None or named.kind is not pki.Kind.AGENT or named.node_id != node_id:
+                raise IdentityError(
+                    f"the SPIFFE Workload API gave {svid.spiffe_id}, not node {node_id}'s identity",
+                    hint="Register this node's agent in SPIRE as "
+                    f"spiffe://<site>.lattice.internal/lattice/agent/{node_id}.",
+                )
             ident = AgentTls(
                 "spiffe",
                 trust=[*site_ca, svid.bundle_pem],
@@ -235,7 +253,7 @@ async def acquire(
     if not site_ca:
         return None
     # 2. a quorum-CA certificate from an earlier run
-    kept = _stored(Path(tls.cert_dir), time.time())
+    kept = _stored(Path(tls.cert_dir), node_id, time.time())
     if kept is not None:
         cert, key, ca = kept
         named = pki.cert_identity(cert)
@@ -270,7 +288,11 @@ async def acquire(
                     f"the bootstrap certificate cannot be exchanged: {e.message}",
                     hint=e.hint or "Run `lattice admin ca init` on the cluster.",
                 ) from None
-            log.warning("bootstrap certificate not exchanged (%s); using the token", e.message)
+            log.warning(
+                "bootstrap certificate not exchanged (%s); using the token (lattice-server "
+                "must then accept connections without a client certificate)",
+                e.message,
+            )
         else:
             cert, key, ca = got
             store(Path(tls.cert_dir), cert, key, ca)

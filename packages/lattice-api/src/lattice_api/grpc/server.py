@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import grpclib
-from grpclib.const import Status
+from grpclib.const import Cardinality, Status
 from grpclib.events import RecvRequest, listen
 from grpclib.exceptions import ProtocolError
 from grpclib.server import Server
@@ -30,6 +30,7 @@ from lattice_api.http import LATENCY, REQUESTS
 from lattice_api.operations import Operations
 from lattice_api.permissions import NOT_BUILT, PUBLIC, RPC_BY_PATH, authorize
 from lattice_api.ratelimit import RateLimiter
+from lattice_api.revalidate import run_rechecked
 
 log = logging.getLogger("lattice.api.grpc")
 
@@ -37,12 +38,21 @@ _UNCHECKED = (NOT_BUILT, PUBLIC)
 
 
 def install_interceptor(
-    server: Server, auth: Authenticator, limiter: RateLimiter | None = None
+    server: Server,
+    auth: Authenticator,
+    limiter: RateLimiter | None = None,
+    *,
+    streaming: frozenset[str] = frozenset(),
+    revalidation_interval: float = 0.0,
 ) -> None:
+    """``streaming``: paths of the streaming RPCs, whose bearer token is checked again
+    every ``revalidation_interval`` seconds while they run (lattice_api.revalidate)."""
+
     async def on_request(event: RecvRequest) -> None:
+        headers = dict(event.metadata)
         try:
             peercert = event.peer.cert() if event.peer is not None else None
-            set_identity(await auth.authenticate_async(dict(event.metadata), peercert))
+            set_identity(await auth.authenticate_async(headers, peercert))
         except LatticeError as e:
             set_identity(e)  # raised when the RPC needs the caller
             if isinstance(e, Unauthenticated) and auth.on_failure is not None:  # audit log
@@ -62,7 +72,15 @@ def install_interceptor(
                     authorize(who(), permission or name)
                     if limiter is not None:  # held while the call (or stream) runs
                         release = limiter.check(who(), name)
-                await inner(stream)
+                if name in streaming:
+                    await run_rechecked(
+                        inner(stream),
+                        who(),
+                        lambda: auth.authenticate_async(headers),
+                        revalidation_interval,
+                    )
+                else:
+                    await inner(stream)
             except LatticeError as e:
                 status = Status(e.grpc_status).name
                 if isinstance(e, RateLimited) and await _send_retry_after(stream, e):
@@ -124,16 +142,27 @@ for _adapter in ADAPTERS:
 
 
 def build_grpc_server(ops: Operations, auth: Authenticator) -> Server:
-    server = Server(
-        [
-            AllocationService(ops.allocations, ops.launches, ops.dags, ops.attach, ops.sessions),
-            NodeService(ops.nodes, ops.cache, ops.pki),
-            AdminService(ops.admin, ops.usage, ops.queue, ops.services, ops.audit, ops.pki),
-            QuorumService(ops.quorum),
-        ]
-    )
+    services = [
+        AllocationService(ops.allocations, ops.launches, ops.dags, ops.attach, ops.sessions),
+        NodeService(ops.nodes, ops.cache, ops.pki),
+        AdminService(ops.admin, ops.usage, ops.queue, ops.services, ops.audit, ops.pki),
+        QuorumService(ops.quorum),
+    ]
+    server = Server(services)
     auth.on_failure = ops.recorder.auth_failed  # failed authentications: the audit log
-    install_interceptor(server, auth, ops.limiter)
+    streaming = frozenset(
+        path
+        for service in services
+        for path, handler in service.__mapping__().items()
+        if handler.cardinality in (Cardinality.UNARY_STREAM, Cardinality.STREAM_STREAM)
+    )
+    install_interceptor(
+        server,
+        auth,
+        ops.limiter,
+        streaming=streaming,
+        revalidation_interval=ops.settings.token_revalidation_interval,
+    )
     return server
 
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 import msgspec
+from lattice_common import audit
 from lattice_common import commands as c
 from lattice_common.errors import NotFound, Unavailable, ValidationError
 from lattice_common.taskgroup import parse_task_group
@@ -270,13 +271,20 @@ class AllocationOps:
     async def logs(
         self, who: Identity, alloc_id: str, *, tail: int | None = None, stream: str = "both"
     ) -> list[dict[str, Any]]:
-        return await self.log_source.fetch(self.get(who, alloc_id), tail=tail, stream=stream)
+        a = self.get(who, alloc_id)
+        if self.audit is not None:
+            self.audit.record_access(who.user, a, audit.ALLOCATION_LOGS, {"stream": stream})
+        return await self.log_source.fetch(a, tail=tail, stream=stream)
 
     def follow_logs(
         self, who: Identity, alloc_id: str, *, tail: int | None = None, stream: str = "both"
     ) -> AsyncIterator[dict[str, Any]]:
         """Live log lines; NotFound is raised here, before the stream starts."""
-        return self.log_source.follow(self.get(who, alloc_id), tail=tail, stream=stream)
+        a = self.get(who, alloc_id)
+        if self.audit is not None:
+            details = {"stream": stream, "follow": "true"}
+            self.audit.record_access(who.user, a, audit.ALLOCATION_LOGS, details)
+        return self.log_source.follow(a, tail=tail, stream=stream)
 
 
 __all__ = ["AllocationOps", "LogSource", "parse_states"]

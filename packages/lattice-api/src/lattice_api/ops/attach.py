@@ -26,6 +26,7 @@ from typing import Any
 from grpclib.client import Stream
 from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, StreamTerminatedError
+from lattice_common import audit
 from lattice_common.agents import AgentChannels
 from lattice_common.assignment import is_sensitive
 from lattice_common.errors import (
@@ -41,6 +42,7 @@ from lattice_common.types import Allocation, AllocationState
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
 
+from lattice_api.audit import AuditRecorder
 from lattice_api.auth import Identity
 from lattice_api.ops.base import visible_allocation
 
@@ -143,9 +145,11 @@ class AttachOps:
         *,
         max_per_user: int = MAX_PER_USER,
         user_limit: Callable[[str], int] | None = None,
+        audit: AuditRecorder | None = None,
     ) -> None:
         self.quorum = quorum
         self.agents = agents
+        self.audit = audit  # attaches to sensitive allocations are recorded
         self.max_per_user = max_per_user
         # the user's limit from rate_limit (admin overrides included), as the limiter
         # of the transports sees it; else max_per_user
@@ -249,6 +253,9 @@ class AttachOps:
         if (rows < 0 or cols < 0) or rows > 10000 or cols > 10000:
             raise ValidationError(f"bad terminal size {rows}x{cols}")
         release = self._reserve(who, a, sensitive)
+        if sensitive and self.audit is not None:
+            details = {"node": node_id, "command": " ".join(argv) or "(shell)", "tty": str(tty)}
+            self.audit.record_access(who.user, a, audit.ALLOCATION_ATTACH, details)
         try:
             node = self.quorum.read(queries.node, node_id)
             if node is None or not node.agent_address:

@@ -30,7 +30,7 @@ from lattice_api.rest import auth as auth_routes
 def build_rest_app(ops: Operations, auth: Authenticator) -> web.Application:
     auth.on_failure = ops.recorder.auth_failed  # failed authentications: the audit log
     app = web.Application(
-        middlewares=[http.middleware(auth, ops.limiter)],
+        middlewares=[http.middleware(auth, ops.limiter, ops.settings.token_revalidation_interval)],
         client_max_size=ops.settings.max_request_bytes,
     )
     for routes in (
