@@ -50,6 +50,7 @@ from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
 
+
 scenarios("security_mtls.feature")
 
 #: agent certificates live this long here (renewed at two thirds: every 4 s)
@@ -571,21 +572,23 @@ def lifetime(world: World, seconds: int) -> None:
 
 @when(
     parsers.parse(
-        "{node}'s agent has renewed its certificate twice, past the expiry of the one it held"
+        "{node}'s agent has renewed its certificate {times:d} times, past the expiry of the "
+        "one it held"
     )
 )
-def renewed_twice(world: World, node: str) -> None:
+def renewed(world: World, node: str, times: int) -> None:
     world.node = node
     cert = world.kept_certificate(node)
     world.serial_before = pki.serial_of(cert)
     world.expiry_before = pki.validity(cert)[1]
     world.renewals_before = world.renewals(node)
     world.cluster.wait_for(
-        f"two more renewals of {node}'s certificate, past its expiry",
+        f"{times} more renewals of {node}'s certificate, past its expiry",
         lambda: (
-            world.renewals(node) >= world.renewals_before + 2 and time.time() > world.expiry_before
+            world.renewals(node) >= world.renewals_before + times
+            and time.time() > world.expiry_before
         ),
-        timeout=4 * AGENT_LIFETIME,
+        timeout=(times + 2) * AGENT_LIFETIME,
         interval=0.2,
     )
 

@@ -483,11 +483,11 @@ def verify_export(data: bytes, public_keys: Iterable[Any] | None = None) -> Veri
 
 
 __all__ = [
+    "ALLOCATION_ATTACH",
     "ALLOCATION_CANCEL",
     "ALLOCATION_END",
-    "ALLOCATION_SUBMIT",
-    "ALLOCATION_ATTACH",
     "ALLOCATION_LOGS",
+    "ALLOCATION_SUBMIT",
     "AUTH_FAILED",
     "CA_INIT",
     "CERT_ISSUE",

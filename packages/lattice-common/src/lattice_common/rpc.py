@@ -49,17 +49,15 @@ def decode_grpc_error(e: GRPCError) -> LatticeError:
     return cls(e.message or e.status.name)
 
 
-#: channels retired by a certificate renewal that are kept open for their streams
-RETIRED_CHANNELS_KEPT = 2
-
-
 class Endpoints:
     """A list of ``host:port`` API endpoints; ``rotate`` moves to the next one.
 
     ``ssl``: a client context (lattice_common.pki.client_context) for TLS/mTLS to
     lattice-server; None = plaintext. After the context's certificate is renewed,
     :meth:`renewed` makes the next calls open a new connection that presents it, while
-    streams already open (an agent's desired state) carry on over the old one."""
+    streams already open carry on over the old one: a long stream takes its channel
+    with :meth:`hold` and gives it back with :meth:`release`, and a channel retired by
+    a renewal is closed once nothing holds it."""
 
     def __init__(self, spec: str | list[str], ssl: ssl.SSLContext | None = None) -> None:
         items = spec.split(",") if isinstance(spec, str) else spec
@@ -74,6 +72,7 @@ class Endpoints:
         self.ssl = ssl
         self._channel: Channel | None = None
         self._retired: list[Channel] = []
+        self._held: dict[int, int] = {}  # id(channel) -> streams holding it
 
     @property
     def current(self) -> str:
@@ -85,13 +84,32 @@ class Endpoints:
             self._channel = Channel(host, port, ssl=self.ssl)
         return self._channel
 
+    def hold(self) -> Channel:
+        """The current channel, for a long stream: kept open across renewals until
+        :meth:`release`."""
+        ch = self.channel()
+        self._held[id(ch)] = self._held.get(id(ch), 0) + 1
+        return ch
+
+    def release(self, ch: Channel) -> None:
+        n = self._held.get(id(ch), 0) - 1
+        if n > 0:
+            self._held[id(ch)] = n
+            return
+        self._held.pop(id(ch), None)
+        if ch in self._retired:  # retired by a renewal while the stream ran
+            self._retired.remove(ch)
+            ch.close()
+
     def renewed(self) -> None:
-        """The client certificate changed: new calls use a new connection."""
+        """The client certificate changed: new calls use a new connection; retired
+        connections no stream holds are closed."""
         if self._channel is not None:
             self._retired.append(self._channel)
             self._channel = None
-        while len(self._retired) > RETIRED_CHANNELS_KEPT:
-            self._retired.pop(0).close()
+        for ch in [r for r in self._retired if id(r) not in self._held]:
+            self._retired.remove(ch)
+            ch.close()
 
     def rotate(self, prefer: str = "") -> None:
         if self._channel is not None:

@@ -382,8 +382,11 @@ class Agent:
     async def _desired_loop(self) -> None:
         await self._registered.wait()
         while True:
+            # the stream keeps its connection across certificate renewals (Endpoints.hold)
+            channel = self.endpoints.hold()
+            stub = v1.NodeServiceStub(channel, metadata=self.metadata)
             try:
-                async for ds in self._stub().watch_desired_state(
+                async for ds in stub.watch_desired_state(
                     v1.WatchDesiredStateRequest(
                         node_id=self.node_id, known_generation=self.generation
                     )
@@ -397,6 +400,8 @@ class Agent:
                 log.warning(
                     "desired-state stream via %s lost (%s)", self.endpoints.current, _why(e)
                 )
+            finally:
+                self.endpoints.release(channel)
             await asyncio.sleep(0.5)
 
     async def apply_desired(self, generation: int, desired: list[Allocation]) -> None:
