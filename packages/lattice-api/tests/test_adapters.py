@@ -249,11 +249,15 @@ async def test_agent_register_heartbeat_and_desired_state(served: Any) -> None:
 async def test_quorum_service_propose_and_watch_state(served: Any) -> None:
     api, _w, _rest, channel = served
     stub = grpc(channel, AGENT).quorum
-    cmd = c.CreateTenant(tenant=api.ops.admin.get_tenant(None, "bio"), now=1.0)  # type: ignore[arg-type]
+    cmd = c.AssignNodes(allocation_id="no-such-allocation", node_ids=["n1"], now=1.0)
     res = c.decode_result(
         (await stub.propose(v1.ProposeRequest(command=c.encode_command(cmd)))).result
     )
-    assert res.error is not None and res.error["code"] == "already_exists"
+    assert res.error is not None and res.error["code"] == "not_found"
+    # only scheduling decisions go through Propose: a tenant has its own RPC
+    tenant = c.CreateTenant(tenant=api.ops.admin.get_tenant(None, "bio"), now=1.0)  # type: ignore[arg-type]
+    err = await grpc_error(stub.propose(v1.ProposeRequest(command=c.encode_command(tenant))))
+    assert err[0] == "PERMISSION_DENIED" and "CreateTenant" in err[1]["message"]
     err = await grpc_error(stub.propose(v1.ProposeRequest(command=b"\xff junk")))
     assert err[0] == "INVALID_ARGUMENT" and "undecodable" in err[1]["message"]
     events = stub.watch_state(v1.WatchStateRequest()).__aiter__()

@@ -31,6 +31,7 @@ from lattice_api.auth import Role
 from lattice_api.permissions import NOT_BUILT, PUBLIC, ROLES, RPCS
 from lattice_api.settings import ApiSettings
 from lattice_api.tls import ServerTls
+from lattice_common import commands as c
 from lattice_common import pki
 from lattice_common.config import TlsConfig
 from lattice_common.proto.lattice import v1
@@ -331,6 +332,13 @@ async def test_agent_certificate_acts_for_its_own_node_only(served_tls: Served) 
     # node-002 was neither registered nor bound to node-001's certificate
     status, _ = await served_tls.rest.call("GET", "/api/v1/nodes/node-002", ADMIN)
     assert status == 404
+    # an agent certificate proposes nothing, not even a scheduling decision
+    quorum = v1.QuorumServiceStub(served_tls.channel(cert, key), timeout=10)
+    assign = c.AssignNodes(allocation_id="x", node_ids=["node-001"], now=1.0)
+    status, err = await grpc_error(
+        quorum.propose(v1.ProposeRequest(command=c.encode_command(assign)))
+    )
+    assert status == "PERMISSION_DENIED" and "may not propose" in err["message"]
 
 
 async def test_certificate_of_another_site_is_unauthenticated(served_tls: Served) -> None:

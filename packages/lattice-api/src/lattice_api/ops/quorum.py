@@ -1,5 +1,10 @@
 """QuorumService operations (internal): schedulers and the checkpoint broker propose
-encoded commands and watch the state stream (a snapshot, then one delta per entry)."""
+encoded commands and watch the state stream (a snapshot, then one delta per entry).
+
+What may be proposed here is what those services decide (:data:`SERVICE_COMMANDS`):
+everything else has its own RPC with its own checks (submissions, node actions,
+tenants, the CA). Node agents never propose (their certificates are refused); system
+admins may propose anything (break-glass)."""
 
 from __future__ import annotations
 
@@ -7,10 +12,37 @@ from collections.abc import AsyncIterator
 
 import msgspec
 from lattice_common import commands as c
-from lattice_common.errors import ValidationError
+from lattice_common.errors import PermissionDenied, ValidationError
 from lattice_quorum.quorum import Quorum
 
-from lattice_api.auth import Identity
+from lattice_api.auth import Identity, Role
+
+#: the commands schedulers and the checkpoint broker decide
+SERVICE_COMMANDS: tuple[type[c.Command], ...] = (
+    c.AssignNodes,
+    c.PreemptAllocation,
+    c.SetPendingReasons,
+    c.ScaleAllocation,
+    c.RequeueAllocation,
+)
+
+
+def check_proposer(who: Identity, cmd: c.Command) -> None:
+    if who.role == Role.SYSTEM_ADMIN:
+        return
+    if who.cert is not None and who.cert.node_id:
+        raise PermissionDenied(
+            f"{who.user} may not propose commands",
+            hint="Node agents report through Heartbeat; commands come from schedulers.",
+        )
+    inner = cmd.commands if isinstance(cmd, c.Batch) else [cmd]
+    for one in inner:
+        if isinstance(one, c.Batch) or not isinstance(one, SERVICE_COMMANDS):
+            raise PermissionDenied(
+                f"{who.user} ({who.role.value}) may not propose {type(one).__name__}",
+                hint="Internal services propose scheduling decisions only; other changes "
+                "have their own API calls.",
+            )
 
 
 class QuorumOps:
@@ -23,6 +55,7 @@ class QuorumOps:
             cmd = c.decode_command(raw)
         except msgspec.DecodeError as e:
             raise ValidationError(f"undecodable command: {e}") from None
+        check_proposer(who, cmd)
         res = await self.quorum.propose(cmd)
         return c.encode_result(res), res.revision
 
@@ -42,4 +75,4 @@ class QuorumOps:
             self.quorum.unsubscribe(q)
 
 
-__all__ = ["QuorumOps"]
+__all__ = ["SERVICE_COMMANDS", "QuorumOps", "check_proposer"]
