@@ -173,7 +173,7 @@ def test_create_ca_issue_and_sign_csr_round_trip(ca: tuple[bytes, bytes]) -> Non
 
     # issue() is make_csr + sign_csr with a fresh key it returns
     cert2, key2 = pki.issue(
-        *ca, kind=pki.Kind.SCHEDULER, name="sched", site=SITE, now=NOW, lifetime=60
+        *ca, kind=pki.Kind.SCHEDULER, name="sched", site=SITE, now=NOW, lifetime=3600
     )
     assert load(cert2).public_key() == serialization.load_pem_private_key(key2, None).public_key()
     assert "OU=scheduler" in load(cert2).subject.rfc4514_string()
@@ -236,7 +236,7 @@ def test_sign_csr_refuses_tampered_and_garbage_requests(ca: tuple[bytes, bytes])
             name="node-001",
             site=SITE,
             now=NOW,
-            lifetime=60,
+            lifetime=3600,
         )
 
 
@@ -313,13 +313,13 @@ def test_peer_identity_mode_site_ca(server_ctx: ssl.SSLContext, ca: tuple[bytes,
     site_pki = foreign_ca("ALPS Site Issuing CA 2")
     server = pki.server_context(*_server_pair(ca), [ca[0], site_pki[0]])
     cert, key = pki.issue(
-        *site_pki, kind=pki.Kind.AGENT, name="n7", site=SITE, now=NOW, lifetime=60
+        *site_pki, kind=pki.Kind.AGENT, name="n7", site=SITE, now=NOW, lifetime=3600
     )
     who = pki.peer_identity(peercert_of(server, [ca[0]], cert, key))
     assert who is not None
     assert (who.mode, who.issuer, who.node_id) == ("site-ca", "ALPS Site Issuing CA 2", "n7")
     cert, key = pki.issue(
-        *site_pki, kind=pki.Kind.BOOTSTRAP, name="n7", site=SITE, now=NOW, lifetime=60
+        *site_pki, kind=pki.Kind.BOOTSTRAP, name="n7", site=SITE, now=NOW, lifetime=3600
     )
     who = pki.peer_identity(peercert_of(server, [ca[0]], cert, key))
     assert who is not None and who.mode == "bootstrap"
@@ -327,7 +327,7 @@ def test_peer_identity_mode_site_ca(server_ctx: ssl.SSLContext, ca: tuple[bytes,
     other = pki.create_ca("other", now=NOW)
     server = pki.server_context(*_server_pair(ca), [ca[0], other[0]])
     cert, key = pki.issue(
-        *other, kind=pki.Kind.SCHEDULER, name="s", site=SITE, now=NOW, lifetime=60
+        *other, kind=pki.Kind.SCHEDULER, name="s", site=SITE, now=NOW, lifetime=3600
     )
     who = pki.peer_identity(peercert_of(server, [ca[0]], cert, key))
     assert who is not None and who.mode == "site-ca"
@@ -473,7 +473,9 @@ def test_server_context_requires_a_client_certificate_of_a_trusted_ca(
     with pytest.raises(ssl.SSLError, match="PEER_DID_NOT_RETURN_A_CERTIFICATE"):
         handshake(server_ctx, pki.client_context([ca[0]]))
     foreign = pki.create_ca(SITE, now=NOW)
-    cert, key = pki.issue(*foreign, kind=pki.Kind.AGENT, name="n1", site=SITE, now=NOW, lifetime=60)
+    cert, key = pki.issue(
+        *foreign, kind=pki.Kind.AGENT, name="n1", site=SITE, now=NOW, lifetime=3600
+    )
     with pytest.raises(ssl.SSLCertVerificationError):
         handshake(server_ctx, pki.client_context([ca[0]], cert, key))
     optional = pki.server_context(*_server_pair(ca), [ca[0]], client_certs="optional", alpn=None)
@@ -512,7 +514,7 @@ def test_a_name_too_long_for_a_common_name_is_a_cert_error(ca: tuple[bytes, byte
     with pytest.raises(pki.CertError):
         pki.common_name(name, SITE)
     with pytest.raises(pki.CertError):
-        pki.issue(*ca, kind=pki.Kind.AGENT, name=name, site=SITE, now=NOW, lifetime=60)
+        pki.issue(*ca, kind=pki.Kind.AGENT, name=name, site=SITE, now=NOW, lifetime=3600)
 
 
 def test_peer_identity_serial_matches_serial_of(
@@ -528,7 +530,7 @@ def test_peer_identity_serial_matches_serial_of(
 def test_verification_error_for_a_foreign_chain(ca: tuple[bytes, bytes]) -> None:
     """The signed chain does not verify against another CA of the same name."""
     other = pki.create_ca(SITE, now=NOW)
-    cert, _ = pki.issue(*other, kind=pki.Kind.AGENT, name="n1", site=SITE, now=NOW, lifetime=60)
+    cert, _ = pki.issue(*other, kind=pki.Kind.AGENT, name="n1", site=SITE, now=NOW, lifetime=3600)
     when = dt.datetime.fromtimestamp(NOW + 10, dt.UTC)
     verifier = PolicyBuilder().store(Store([load(ca[0])])).time(when).build_client_verifier()
     with pytest.raises(VerificationError):

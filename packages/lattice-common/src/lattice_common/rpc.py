@@ -102,14 +102,15 @@ class Endpoints:
             ch.close()
 
     def renewed(self) -> None:
-        """The client certificate changed: new calls use a new connection; retired
-        connections no stream holds are closed."""
-        if self._channel is not None:
-            self._retired.append(self._channel)
-            self._channel = None
+        """The client certificate changed: new calls use a new connection. The one it
+        replaces stays open until the next renewal (calls in flight finish on it) or,
+        when a stream holds it, until that stream releases it."""
         for ch in [r for r in self._retired if id(r) not in self._held]:
             self._retired.remove(ch)
             ch.close()
+        if self._channel is not None:
+            self._retired.append(self._channel)
+            self._channel = None
 
     def rotate(self, prefer: str = "") -> None:
         if self._channel is not None:
