@@ -358,3 +358,36 @@ def test_duplicate_peer_ids_rejected() -> None:
                 "LATTICE_QUORUM__PEERS": '[{"id": 2, "address": "a:1"}, {"id": 2, "address": "b:1"}]'
             },
         )
+
+
+# --- the log store (storage.*) --------------------------------------------------------
+
+
+def test_log_store_settings() -> None:
+    st = load_config(None, env={}).storage
+    assert (st.log_store, st.log_store_dir) == ("fs", "/var/lib/lattice/log-store")
+    assert st.log_flush_interval_seconds == 10.0
+    assert st.s3_access_key_id is None and st.s3_secret_access_key is None
+    cfg = load_config(
+        None,
+        env={
+            "LATTICE_STORAGE__LOG_STORE": "s3",
+            "LATTICE_STORAGE__LOG_BUCKET": "logs",
+            "LATTICE_STORAGE__S3_ACCESS_KEY_ID": "plain-key-id",
+            "LATTICE_STORAGE__S3_SECRET_ACCESS_KEY": "env://SITE_S3_SECRET",
+            "SITE_S3_SECRET": "s3-secret-value",
+            "LATTICE_STORAGE__LOG_FLUSH_INTERVAL_SECONDS": "2.5",
+        },
+    )
+    st = cfg.storage
+    assert st.log_store == "s3" and st.log_flush_interval_seconds == 2.5
+    assert st.s3_secret_access_key is not None
+    assert st.s3_secret_access_key.get_secret_value() == "s3-secret-value"
+    assert cfg.secret_refs == {"storage.s3_secret_access_key": "env://SITE_S3_SECRET"}
+    assert "s3-secret-value" not in repr(cfg)
+    with pytest.raises(ValidationError, match="log_bucket"):
+        load_config(None, env={"LATTICE_STORAGE__LOG_STORE": "s3"})
+    with pytest.raises(ValidationError, match="log_flush_interval_seconds"):
+        load_config(None, env={"LATTICE_STORAGE__LOG_FLUSH_INTERVAL_SECONDS": "0"})
+    with pytest.raises(ValidationError, match="log_store"):
+        load_config(None, env={"LATTICE_STORAGE__LOG_STORE": "tape"})

@@ -12,6 +12,7 @@ import signal
 from aiohttp import web
 from lattice_common.agents import AgentChannels
 from lattice_common.config import LatticeConfig, load_config
+from lattice_common.logstore import open_log_store  # log store
 from lattice_common.net import split_host_port
 from lattice_common.process import daemon_main
 from lattice_quorum.member import QuorumMember
@@ -109,9 +110,12 @@ async def serve(
         audit_signing_key_path=cfg.api.audit_signing_key_path,
         audit_key_dir=q.data_dir,
         tls=cfg.tls,
+        tsdb_endpoint=cfg.telemetry.tsdb_endpoint,
+        telemetry_window_seconds=cfg.telemetry.aggregation_window_seconds,
+        telemetry_mode=cfg.telemetry.mode,
     )
     agents = AgentChannels(agent_token, ssl=tls.client if tls is not None else None)
-    logs = LogProxy(member, agents)
+    logs = LogProxy(member, agents, open_log_store(cfg.storage))  # log store: history
     fabric = FabricManager.from_config(cfg.network)
     ops = Operations(
         member,

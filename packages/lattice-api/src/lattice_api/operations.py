@@ -21,6 +21,7 @@ from lattice_api.ops.auth import AuthOps
 from lattice_api.ops.cache import CacheOps
 from lattice_api.ops.dags import DagOps
 from lattice_api.ops.launches import LaunchOps
+from lattice_api.ops.metrics import MetricsOps
 from lattice_api.ops.nodes import NodeOps
 from lattice_api.ops.pki import CertificateOps
 from lattice_api.ops.queue import QueueOps
@@ -94,6 +95,15 @@ class Operations:
         self.usage = UsageOps(quorum, budget_period_days=settings.budget_period_days)
         self.quorum = QuorumOps(quorum)
         self.services = ServiceOps(quorum)
+        # QueryMetrics (`lattice top`): the TSDB, scoped to the allocation
+        self.metrics = MetricsOps(
+            quorum,
+            tsdb_endpoint=settings.tsdb_endpoint,
+            timeout=settings.tsdb_timeout,
+            window=settings.telemetry_window_seconds,
+            telemetry_mode=settings.telemetry_mode,
+            audit=self.recorder,
+        )
 
 
 __all__ = ["Operations"]

@@ -83,7 +83,7 @@ RPCS: dict[str, str] = {
     "AllocationService.Attach": "allocation.attach",
     "AllocationService.StreamLogs": "allocation.read",
     "AllocationService.GetLogs": "allocation.read",
-    "AllocationService.QueryMetrics": NOT_BUILT,
+    "AllocationService.QueryMetrics": "allocation.read",
     "AllocationService.StreamMetrics": NOT_BUILT,
     "AllocationService.GetDiagnostics": NOT_BUILT,
     "AllocationService.CompareMetrics": NOT_BUILT,
@@ -161,6 +161,8 @@ ROUTES: dict[str, str] = {
     "GET /api/v1/allocations/{id}/attach": "allocation.attach",  # WebSocket
     "GET /api/v1/allocations/{id}/tasks/{task_id}/events": "allocation.read",
     "GET /api/v1/allocations/{id}/logs/stream": "allocation.read",
+    # `lattice top`: the allocation's metrics from the TSDB (visible allocations only)
+    "GET /api/v1/allocations/{id}/metrics": "allocation.read",
     # DAG workflows: submitting one is submitting its allocations; cancelling one, its
     # submitter's or an admin's (lattice_api.access.check_dag_cancel)
     "POST /api/v1/dags": "allocation.submit",

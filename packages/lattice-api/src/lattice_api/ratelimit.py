@@ -65,6 +65,8 @@ KINDS: dict[str, str] = {
     "GET /api/v1/allocations/{id}/logs/stream": "stream_logs",
     "AllocationService.StreamMetrics": "stream_metrics",
     "AllocationService.QueryMetrics": "query_metrics",
+    "GET /api/v1/allocations/{id}/metrics": "query_metrics",
+    "HEAD /api/v1/allocations/{id}/metrics": "query_metrics",
     "AllocationService.GetDiagnostics": "diagnostics",
     "AllocationService.CompareMetrics": "compare",
 }

@@ -36,6 +36,13 @@ class ApiSettings:
     token_revalidation_interval: float = 300.0
     # tls: the site in certificate names and the lifetimes of what the internal CA signs
     tls: TlsConfig = dataclasses.field(default_factory=TlsConfig)
+    # telemetry.tsdb_endpoint: the VictoriaMetrics URL `lattice top` reads (QueryMetrics);
+    # "" = none (metrics are Unavailable). telemetry.aggregation_window_seconds and mode:
+    # the resolution of prod data and what an answer without data says
+    tsdb_endpoint: str = ""
+    tsdb_timeout: float = 10.0
+    telemetry_window_seconds: float = 30.0
+    telemetry_mode: str = "prod"
 
 
 __all__ = ["ApiSettings"]

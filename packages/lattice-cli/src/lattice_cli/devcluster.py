@@ -7,6 +7,11 @@ on purpose (subprocess + urllib) so both a CLI command and pytest fixtures can d
 
 ``secure=True`` (`lattice dev up --secure`) runs it as production does: TLS, mTLS
 between components, OIDC against a local identity provider (lattice_cli.devsecure).
+
+``tsdb=True`` (the default when the ``victoria-metrics`` binary is installed) starts a
+VictoriaMetrics on loopback first (data in ``<base>/victoria-metrics``, log in
+``logs/victoria-metrics.log``) and gives every process it starts
+``LATTICE_TELEMETRY__TSDB_ENDPOINT`` (agents push there, the API queries there).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -79,6 +85,30 @@ class ClusterError(RuntimeError):
     pass
 
 
+# --- the TSDB (VictoriaMetrics) ----------------------------------------------------------
+TSDB_BINARY = "victoria-metrics"
+
+
+def tsdb_installed() -> bool:
+    return shutil.which(TSDB_BINARY) is not None
+
+
+def tsdb_argv(data_dir: Path, port: int) -> list[str]:
+    """The flags of lattice_test_harness.victoria (what was pushed is queryable at once:
+    no 30 s latency offset, no cache; a sample pushed twice is stored once)."""
+    return [
+        TSDB_BINARY,
+        f"-storageDataPath={data_dir}",
+        f"-httpListenAddr=127.0.0.1:{port}",
+        "-retentionPeriod=7d",
+        "-search.latencyOffset=1s",
+        "-search.maxStepForPointsAdjustment=0s",
+        "-search.disableCache",
+        "-dedup.minScrapeInterval=1ms",
+        "-loggerLevel=WARN",
+    ]
+
+
 # vClusters a dev cluster creates get their scheduler type from their name
 DEV_SCHEDULER_TYPES = {
     "interactive": "interactive-fifo",
@@ -107,6 +137,7 @@ class LocalCluster:
         agent_homes: tuple[str, ...] = (),
         agent_args: tuple[str, ...] = (),
         secure: bool = False,
+        tsdb: bool | None = None,
     ) -> None:
         if members not in (1, 3, 5):
             raise ClusterError("a quorum has 1, 3 or 5 members")
@@ -131,6 +162,13 @@ class LocalCluster:
         self.secure: SecureSetup | None = None
         self.idp_proc: subprocess.Popen[bytes] | None = None
         self.idp_port = 0
+        # the TSDB: None = start it when the binary is installed
+        self.tsdb = tsdb_installed() if tsdb is None else tsdb
+        self.tsdb_proc: subprocess.Popen[bytes] | None = None
+        self.tsdb_port = 0
+        if self.tsdb:
+            self.tsdb_port = 8428 if preferred_ports and port_free(8428) else free_port()
+            self.env["LATTICE_TELEMETRY__TSDB_ENDPOINT"] = self.tsdb_url
         if secure:
             from lattice_cli.devsecure import SecureSetup
 
@@ -363,6 +401,56 @@ class LocalCluster:
 
         a.tls_args = self.secure.bootstrap_agent(issue, a.node_id, a.dir)
 
+    @property
+    def tsdb_url(self) -> str:
+        """The VictoriaMetrics base URL ("" without a TSDB)."""
+        return f"http://127.0.0.1:{self.tsdb_port}" if self.tsdb else ""
+
+    def start_tsdb(self, timeout: float = 15.0) -> None:
+        """VictoriaMetrics on loopback, before anything that pushes to or queries it."""
+        if not self.tsdb or (self.tsdb_proc is not None and self.tsdb_proc.poll() is None):
+            return
+        if not tsdb_installed():
+            raise ClusterError(
+                f"tsdb=True but {TSDB_BINARY} is not installed "
+                "(Debian: apt-get install victoria-metrics)"
+            )
+        data = self.base / "victoria-metrics"
+        data.mkdir(parents=True, exist_ok=True)
+        logf = open(self.log_path("victoria-metrics"), "ab")  # noqa: SIM115 (kept by the child)
+        try:
+            self.tsdb_proc = subprocess.Popen(
+                tsdb_argv(data, self.tsdb_port),
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            logf.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.tsdb_proc.poll() is not None:
+                raise ClusterError(
+                    f"{TSDB_BINARY} exited with {self.tsdb_proc.returncode}; "
+                    f"see {self.log_path('victoria-metrics')}"
+                )
+            try:
+                with urllib.request.urlopen(self.tsdb_url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"{TSDB_BINARY} did not answer on {self.tsdb_url} within {timeout:.0f}s; "
+                    f"see {self.log_path('victoria-metrics')}"
+                )
+            time.sleep(0.05)
+
+    def stop_tsdb(self) -> None:
+        _stop(self.tsdb_proc, signal.SIGTERM, 10)
+        self.tsdb_proc = None
+
     def start_idp(self, timeout: float = 15.0) -> None:
         """Secure clusters: the identity provider, before the members (they fetch its
         keys at start)."""
@@ -384,6 +472,7 @@ class LocalCluster:
     # --- whole cluster ------------------------------------------------------------------
 
     def start(self, timeout: float = 30.0) -> None:
+        self.start_tsdb()
         self.start_idp()
         for m in self.members:
             self.start_member(m)
@@ -429,6 +518,7 @@ class LocalCluster:
             self.stop_member(m)
         _stop(self.idp_proc, signal.SIGTERM, 5)
         self.idp_proc = None
+        self.stop_tsdb()  # last: agents flush their telemetry into it on the way out
         self.kill_workloads()
 
     @property

@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "queue": "lattice_cli.commands.queue",
     "cancel": "lattice_cli.commands.cancel",
     "logs": "lattice_cli.commands.logs",
+    "top": "lattice_cli.commands.top",
     "launch": "lattice_cli.commands.launch",
     "attach": "lattice_cli.commands.attach",
     "session": "lattice_cli.commands.session",

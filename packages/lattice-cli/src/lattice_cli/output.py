@@ -666,6 +666,191 @@ def format_log_line(line: dict[str, Any], *, timestamps: bool = True, node: bool
     return prefix + text
 
 
+# --------------------------------------------------------------------------- metrics
+
+#: ``lattice top``'s default view; ``--wide`` shows every metric of the catalog
+TOP_METRICS = (
+    "gpu_utilization",
+    "gpu_memory_used",
+    "cpu_utilization",
+    "memory_used",
+    "network_rx_bytes",
+    "network_tx_bytes",
+)
+TOP_WIDE_METRICS = (
+    "gpu_utilization",
+    "gpu_memory_used",
+    "gpu_power_draw",
+    "cpu_utilization",
+    "memory_used",
+    "network_rx_bytes",
+    "network_tx_bytes",
+    "io_read_bytes",
+    "io_write_bytes",
+    "io_latency_p99",
+)
+#: per-node and per-GPU column headers
+TOP_COLUMNS = {
+    "gpu_utilization": "GPU_UTIL",
+    "gpu_memory_used": "GPU_MEM",
+    "gpu_power_draw": "GPU_POWER",
+    "cpu_utilization": "CPU",
+    "memory_used": "MEMORY",
+    "network_rx_bytes": "NET_RX",
+    "network_tx_bytes": "NET_TX",
+    "io_read_bytes": "IO_READ",
+    "io_write_bytes": "IO_WRITE",
+    "io_latency_p99": "IO_P99",
+}
+_GPU_COLUMNS = {"gpu_utilization": "UTIL", "gpu_memory_used": "MEMORY", "gpu_power_draw": "POWER"}
+
+
+def _scaled(value: float, base: float, units: Sequence[str]) -> tuple[str, str]:
+    size, i = float(value), 0
+    while abs(size) >= base and i < len(units) - 1:
+        size /= base
+        i += 1
+    return (f"{size:.0f}" if i == 0 else f"{size:.1f}"), units[i]
+
+
+def metric_value(value: Any, unit: str) -> tuple[str, str]:
+    """A value in its unit, humanised: ``(87.3, %)``, ``(71.2, GB)``, ``(12.4, MB/s)``,
+    ``(350.0, W)``, ``(45.0, µs)``/``(1.2, ms)``; bytes in powers of 1000, as the
+    specification's examples. Em dash for no value."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
+        return DASH, ""
+    if unit == "percent":
+        return f"{value:.1f}", "%"
+    if unit == "bytes":
+        return _scaled(value, 1000, ("B", "KB", "MB", "GB", "TB", "PB"))
+    if unit == "bytes_per_second":
+        number, prefix = _scaled(value, 1000, ("B", "KB", "MB", "GB", "TB"))
+        return number, prefix + "/s"
+    if unit == "watts":
+        return (f"{value / 1000:.1f}", "kW") if abs(value) >= 10_000 else (f"{value:.1f}", "W")
+    if unit == "microseconds":
+        if abs(value) >= 1_000_000:
+            return f"{value / 1_000_000:.2f}", "s"
+        if abs(value) >= 1000:
+            return f"{value / 1000:.1f}", "ms"
+        return f"{value:.1f}", "µs"
+    return f"{value:g}", unit
+
+
+def metric_cell(value: Any, unit: str) -> str:
+    number, shown = metric_value(value, unit)
+    if number == DASH:
+        return DASH
+    return f"{number}%" if shown == "%" else f"{number} {shown}"
+
+
+def _ago(epoch: Any, now: float) -> str:
+    if not isinstance(epoch, int | float) or not epoch:
+        return DASH
+    age = max(0.0, now - float(epoch))
+    if age < 120:
+        return f"{age:.0f} s ago"
+    if age < 7200:
+        return f"{age / 60:.0f} min ago"
+    return iso_utc(epoch)
+
+
+def metrics_caption(snap: dict[str, Any], now: float) -> str:
+    """The line above ``lattice top``'s table: whose, how many nodes, the resolution and
+    how old the values are."""
+    nodes = len(snap.get("node_ids") or [])
+    resolution = snap.get("resolution_seconds") or 0
+    parts = [
+        f"{snap.get('allocation_id', '')} ({snap.get('state') or '?'})",
+        f"{nodes} node{'s' if nodes != 1 else ''} reporting",
+        f"{resolution:g} s resolution ({snap.get('telemetry_mode') or 'prod'} mode)",
+        f"updated {_ago(snap.get('timestamp'), now)}",
+    ]
+    return " · ".join(parts)
+
+
+def no_metrics_text(snap: dict[str, Any], alloc_id: str) -> str:
+    """What ``lattice top`` says when nothing was pushed within the duration."""
+    state = snap.get("state") or ""
+    every = f"agents push every {snap.get('resolution_seconds') or 30:g} s"
+    mode = snap.get("telemetry_mode") or "prod"
+    if state in ("Pending", "Staging"):
+        return f"no metrics for {alloc_id} yet: it is {state} ({every} once it runs, {mode} mode)"
+    if state in ("Completed", "Failed", "Cancelled"):
+        return (
+            f"no metrics for {alloc_id}: it is {state} and nothing was pushed in the "
+            f"{format_hms(snap.get('duration_seconds'))} before it ended"
+        )
+    window = snap.get("duration_seconds") or 0
+    if window and window < 300:
+        return (
+            f"no metrics for {alloc_id} in the last {window:g} s: {every} ({mode} mode); "
+            "try a longer --duration"
+        )
+    return f"no metrics for {alloc_id} yet: {every} ({mode} mode)"
+
+
+def _ordered(samples: Iterable[dict[str, Any]], names: Sequence[str]) -> list[str]:
+    present = {s.get("name") for s in samples}
+    return [n for n in names if n in present]
+
+
+def metrics_summary_table(snap: dict[str, Any], *, wide: bool = False) -> str:
+    """``lattice top ID``: METRIC VALUE UNIT, one row per metric (the spec's example)."""
+    names = TOP_WIDE_METRICS if wide else TOP_METRICS
+    samples = {s.get("name"): s for s in snap.get("samples") or []}
+    rows = []
+    for name in _ordered(samples.values(), names):
+        s = samples[name]
+        number, unit = metric_value(s.get("value"), str(s.get("unit") or ""))
+        rows.append([name, number, unit])
+    width = max((len(r[1]) for r in rows), default=0)
+    rows = [[r[0], r[1].rjust(max(width, 5)), r[2]] for r in rows]
+    return render_table(("METRIC", "VALUE".rjust(max(width, 5)), "UNIT"), rows)
+
+
+def metrics_node_table(snap: dict[str, Any], *, wide: bool = False) -> str:
+    """``lattice top ID --per-node``: NODE and one column per metric."""
+    samples = snap.get("samples") or []
+    names = _ordered(samples, TOP_WIDE_METRICS if wide else TOP_METRICS)
+    by_node: dict[str, dict[str, dict[str, Any]]] = {}
+    for s in samples:
+        by_node.setdefault(str(s.get("node_id") or ""), {})[str(s.get("name"))] = s
+    rows = []
+    for node in sorted(by_node):
+        cells = by_node[node]
+        row = [node]
+        for name in names:
+            s = cells.get(name)
+            row.append(metric_cell(s.get("value"), str(s.get("unit"))) if s else DASH)
+        rows.append(row)
+    return render_table(("NODE", *(TOP_COLUMNS[n] for n in names)), rows)
+
+
+def metrics_gpu_table(snap: dict[str, Any]) -> str:
+    """``lattice top ID --per-gpu``: NODE GPU UTIL MEMORY POWER, one row per GPU."""
+    samples = snap.get("samples") or []
+    names = _ordered(samples, tuple(_GPU_COLUMNS))
+    by_gpu: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for s in samples:
+        key = (str(s.get("node_id") or ""), str((s.get("labels") or {}).get("gpu", "")))
+        by_gpu.setdefault(key, {})[str(s.get("name"))] = s
+
+    def order(key: tuple[str, str]) -> tuple[str, int, str]:
+        node, gpu = key
+        return (node, int(gpu) if gpu.isdigit() else -1, gpu)
+
+    rows = []
+    for key in sorted(by_gpu, key=order):
+        cells = by_gpu[key]
+        row = list(key)
+        for name in names:
+            s = cells.get(name)
+            row.append(metric_cell(s.get("value"), str(s.get("unit"))) if s else DASH)
+        rows.append(row)
+    return render_table(("NODE", "GPU", *(_GPU_COLUMNS[n] for n in names)), rows)
+
+
 # --------------------------------------------------------------------------- formats
 
 

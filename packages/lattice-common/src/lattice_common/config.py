@@ -527,6 +527,35 @@ class StorageConfig(_Section):
     log_bucket: str = Field(default="", description="persistent logs: s3://BUCKET/{tenant}/...")
     checkpoint_bucket: str = Field(default="", description="checkpoints; empty = log_bucket")
     nfs_path: str = Field(default="", description="POSIX scratch/checkpoint root; empty = none")
+    # the log store (lattice_common.logstore): agents flush allocation output into it,
+    # the API reads it when an agent cannot answer
+    log_store: Literal["fs", "s3", "none"] = Field(
+        default="fs",
+        description="fs = a directory (log_store_dir), s3 = log_bucket at s3_endpoint, "
+        "none = logs live only on the nodes",
+    )
+    log_store_dir: str = Field(
+        default="/var/lib/lattice/log-store",
+        description="root of the fs log store; shared storage when the API and the agents "
+        "are on different machines",
+    )
+    log_flush_interval_seconds: float = Field(
+        default=10.0, gt=0, description="agents flush new output as a chunk this often"
+    )
+    s3_access_key_id: SecretStr | None = Field(
+        default=None, description="S3 access key id (a secret reference); unset = AWS chain"
+    )
+    s3_secret_access_key: SecretStr | None = Field(
+        default=None, description="S3 secret access key (a secret reference)"
+    )
+
+    @model_validator(mode="after")
+    def _log_store(self) -> StorageConfig:
+        if self.log_store == "s3" and not self.log_bucket:
+            raise ValueError("log_store is s3 but log_bucket is empty")
+        if self.log_store == "fs" and not self.log_store_dir:
+            raise ValueError("log_store is fs but log_store_dir is empty")
+        return self
 
 
 class TelemetryConfig(_Section):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 from lattice_common.agents import AgentChannels
+from lattice_common.config import TelemetryConfig
 from lattice_common.errors import LatticeError
 from lattice_common.proto.lattice import v1
 from lattice_common.rpc import TRANSPORT_ERRORS, Endpoints, auth_metadata, decode_grpc_error
@@ -45,10 +46,13 @@ from lattice_agent.reconcile import Forget, Start, Stop, reconcile
 from lattice_agent.runtime import ProcessRuntime
 from lattice_agent.scratch import Scratch, ScratchError, default_root
 from lattice_agent.service import NodeAgentService, require_token
+from lattice_agent.telemetry import running_targets, telemetry_loop
 from lattice_agent.tls_identity import AgentTls
 from lattice_agent.uenv import UenvCache
 
 if TYPE_CHECKING:
+    from lattice_common.logstore import LogStore  # log store (lattice_agent.logship)
+
     from lattice_agent.oci import OciStore
 
 log = logging.getLogger("lattice.agent")
@@ -99,6 +103,9 @@ class Agent:
         identities: IdentityPolicy | None = None,
         scratch: Scratch | None = None,
         tls: AgentTls | None = None,
+        telemetry: TelemetryConfig | None = None,
+        log_store: LogStore | None = None,  # log store: where output is flushed
+        log_flush_interval: float = 10.0,  # log store: storage.log_flush_interval_seconds
     ) -> None:
         self.node_id = node_id
         # mTLS identity (lattice_agent.tls_identity); None = plaintext with the token
@@ -135,6 +142,8 @@ class Agent:
             state_file=state_file,
             walltime_grace_seconds=walltime_grace,
             ring_buffer_lines=ring_buffer_lines,
+            log_store=log_store,  # log store
+            log_flush_interval=log_flush_interval,  # log store
             on_change=self._on_runtime_change,
             slurm_env=slurm_env,
             cgroups=cgroups,
@@ -193,6 +202,15 @@ class Agent:
             identities=identities,
             scratch=self.scratch,
         )
+        # --- telemetry (lattice_agent.telemetry): per-allocation /proc + cgroup collection
+        # every second, prod/debug aggregation, push to telemetry.tsdb_endpoint if set
+        self.telemetry = telemetry_loop(
+            telemetry if telemetry is not None else TelemetryConfig(),
+            targets=lambda: running_targets(
+                node_id, self.assigned, self.runtime.reports(), cgroups
+            ),
+            cgroups=cgroups,
+        )
         self.attempts: dict[str, int] = {}
         self._checkpointing: set[str] = set()
         self.generation = 0
@@ -233,6 +251,7 @@ class Agent:
             asyncio.create_task(self._register_loop(), name="register"),
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._desired_loop(), name="desired-state"),
+            asyncio.create_task(self.telemetry.run(), name="telemetry"),  # telemetry
         ]
         if self.fingerprint_source is not None:
             tasks.append(asyncio.create_task(self._conformance_loop(), name="conformance"))

@@ -57,14 +57,27 @@ class AllocHandle:
 
     @classmethod
     def recovered(
-        cls, saved: SavedAlloc, *, ring_lines: int, clock: Callable[[], float]
+        cls,
+        saved: SavedAlloc,
+        *,
+        ring_lines: int,
+        clock: Callable[[], float],
+        log_offsets: dict[str, int] | None = None,
     ) -> AllocHandle:
-        """A record from the state file; its logs resume near the end of the files."""
+        """A record from the state file; its logs resume at ``log_offsets`` (where the
+        log shipper got to) or, without them, near the end of the files."""
         aid = saved.life.allocation_id
         return cls(
             life=saved.life,
             paths=saved.paths,
-            logs=new_log_tail(aid, saved.paths, ring_lines=ring_lines, clock=clock, resume=True),
+            logs=new_log_tail(
+                aid,
+                saved.paths,
+                ring_lines=ring_lines,
+                clock=clock,
+                offsets=log_offsets,
+                resume=log_offsets is None,
+            ),
             group=ProcessGroup(
                 aid, saved.pid, pgid=saved.pgid, proc_start=saved.proc_start, is_child=False
             ),

@@ -29,7 +29,9 @@ __all__ = [
     "LogRecord",
     "LogTail",
     "check_stream",
+    "decode_line",
     "read_last_lines",
+    "split_lines",
     "tail_files",
 ]
 
@@ -48,6 +50,47 @@ class LogRecord(msgspec.Struct, kw_only=True, frozen=True):
     stream: str  # "stdout" | "stderr"
     line: str
     timestamp: float
+
+
+def decode_line(raw: bytes) -> str:
+    """One line's text: a trailing CR dropped, invalid UTF-8 replaced."""
+    return raw.rstrip(b"\r").decode("utf-8", "replace")
+
+
+def split_lines(
+    data: bytes, *, final: bool = False, max_line: int | None = None
+) -> tuple[list[bytes], list[int], bytes]:
+    """The lines of ``data`` (which starts at a line start) without their newlines, the
+    end of each in ``data`` (after its newline) and the unterminated rest.
+
+    A line longer than ``max_line`` bytes is cut into pieces of ``max_line`` bytes
+    counted from its start, so the same bytes always give the same lines however they
+    were read (the ring buffer and the log shipper see identical lines). With ``final``
+    the rest is a line too."""
+    limit = _MAX_LINE if max_line is None else max_line
+    lines: list[bytes] = []
+    ends: list[int] = []
+    parts = data.split(b"\n")
+    last = len(parts) - 1
+    pos = 0  # where the current part starts in data
+    rest = b""
+    for i, part in enumerate(parts):
+        cut = 0
+        while len(part) - cut > limit:
+            lines.append(part[cut : cut + limit])
+            cut += limit
+            ends.append(pos + cut)
+        if i == last:  # no newline after it
+            rest = part[cut:]
+            if final and rest:
+                lines.append(rest)
+                ends.append(len(data))
+                rest = b""
+            break
+        lines.append(part[cut:])
+        pos += len(part) + 1
+        ends.append(pos)
+    return lines, ends, rest
 
 
 def check_stream(stream: str) -> None:
@@ -72,7 +115,7 @@ def read_last_lines(path: Path, n: int | None, max_bytes: int = RECOVER_TAIL_BYT
         lines.pop()
     if n is not None:
         lines = lines[-n:] if n > 0 else []
-    return [ln.rstrip(b"\r").decode("utf-8", "replace") for ln in lines]
+    return [decode_line(ln) for ln in lines]
 
 
 def tail_files(
@@ -105,8 +148,9 @@ class LogTail:
         offsets: dict[str, int] | None = None,
         resume: bool = False,
     ) -> None:
-        """A new allocation tails from the ``offsets`` taken at spawn; a recovered one
-        (``resume``) starts near the end of the existing files (the last
+        """A new allocation tails from the ``offsets`` taken at spawn (a recovered one
+        whose output is shipped to the log store: from where the shipper got to); a
+        recovered one (``resume``) starts near the end of the existing files (the last
         ``RECOVER_TAIL_BYTES``), skipping the first, probably cut, line."""
         self.alloc_id = alloc_id
         self.paths = paths
@@ -114,6 +158,12 @@ class LogTail:
         self.buf: deque[LogRecord] = deque(maxlen=ring_lines)
         self.total = 0  # lines ever appended to buf
         self.offsets: dict[str, int] = dict(offsets or {})
+        # per stream: the file offset just after the last line appended to buf
+        self.line_end: dict[str, int] = {}
+        # the log shipper's hooks: every appended batch of lines (stream, the file offset
+        # after it, its timestamp) and a file read again from its start (truncated)
+        self.on_batch: Callable[[str, int, float], None] | None = None
+        self.on_reset: Callable[[str], None] | None = None
         self.partial: dict[str, bytes] = {}
         self.skip_first: dict[str, bool] = {}
         self.files: dict[str, Any] = {}
@@ -129,11 +179,12 @@ class LogTail:
                 self.offsets[s] = max(0, size - RECOVER_TAIL_BYTES)
                 self.skip_first[s] = self.offsets[s] > 0
             self.offsets.setdefault(s, 0)
+            self.line_end[s] = self.offsets[s]
 
     async def run(self, done: asyncio.Event) -> None:
         """Tail until ``done`` is set, then drain what is left."""
         try:
-            while True:
+            while not self.drained:
                 exited = done.is_set()
                 if self.read():
                     await asyncio.sleep(0)  # more is waiting; let others run
@@ -154,6 +205,7 @@ class LogTail:
             rest = self.partial.get(s, b"")
             self.partial[s] = b""
             if rest:
+                self.line_end[s] = self.offsets[s]
                 self._append(s, [rest])
         self.close_files()
         self.mark_drained()
@@ -172,7 +224,10 @@ class LogTail:
             try:
                 if os.fstat(f.fileno()).st_size < self.offsets[s]:  # truncated under us
                     self.offsets[s] = 0
+                    self.line_end[s] = 0
                     self.partial[s] = b""
+                    if self.on_reset is not None:
+                        self.on_reset(s)
                 f.seek(self.offsets[s])
                 data = f.read(_READ_CHUNK)
             except OSError as e:
@@ -183,18 +238,17 @@ class LogTail:
             self.offsets[s] += len(data)
             more = more or len(data) == _READ_CHUNK
             chunk = self.partial[s] + data
-            lines = chunk.split(b"\n")
-            rest = lines.pop()
-            if self.skip_first.get(s):
-                if lines:
-                    lines.pop(0)
-                    self.skip_first[s] = False
-                else:
-                    rest = b""
-            while len(rest) > _MAX_LINE:
-                lines.append(rest[:_MAX_LINE])
-                rest = rest[_MAX_LINE:]
+            if self.skip_first.get(s):  # resumed mid-file: the first line is probably cut
+                nl = chunk.find(b"\n")
+                if nl < 0:
+                    self.partial[s] = b""
+                    self.line_end[s] = self.offsets[s]
+                    continue
+                chunk = chunk[nl + 1 :]
+                self.skip_first[s] = False
+            lines, _, rest = split_lines(chunk)
             self.partial[s] = rest
+            self.line_end[s] = self.offsets[s] - len(rest)
             if lines:
                 self._append(s, lines)
         return more
@@ -206,11 +260,13 @@ class LogTail:
                 LogRecord(
                     allocation_id=self.alloc_id,
                     stream=stream,
-                    line=raw.rstrip(b"\r").decode("utf-8", "replace"),
+                    line=decode_line(raw),
                     timestamp=now,
                 )
             )
         self.total += len(lines)
+        if self.on_batch is not None:
+            self.on_batch(stream, self.line_end[stream], now)
         self.notify()
 
     def notify(self) -> None:

@@ -10,6 +10,8 @@ agent reattaches to them from ``agent-state.json``. :class:`ProcessRuntime` is t
 * ``spawn.py`` starts the wrapper in its own session (environment, exit file, log files);
 * ``procgroup.py`` signals, watches and reaps the process group;
 * ``logtail.py`` tails the log files into the ring buffer behind ``tail``/``follow``;
+* ``logship.py`` flushes the output into the log store (with a ``log_store``): every
+  interval, and a final flush when the group is reaped, before the end is reported;
 * ``persist.py`` writes the state file after every change;
 * ``handle.py`` holds one allocation: its record plus that live machinery.
 
@@ -29,6 +31,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from lattice_common.logstore import LogStore
 from lattice_common.types import Allocation, AllocationReport
 
 from lattice_agent import lifecycle as lc
@@ -46,6 +49,7 @@ from lattice_agent.lifecycle import (
     Status,
     signal_exit_code,
 )
+from lattice_agent.logship import LogShipper, state_path_for
 from lattice_agent.logtail import STREAMS, LogRecord, LogTail, check_stream, tail_files
 from lattice_agent.oci import OciError, OciStore
 from lattice_agent.oci import parse_ref as parse_image_ref
@@ -98,8 +102,23 @@ class ProcessRuntime:
         oci: OciStore | None = None,
         identities: IdentityPolicy | None = None,
         scratch: Scratch | None = None,
+        log_store: LogStore | None = None,
+        log_flush_interval: float = 10.0,
     ) -> None:
         self._node_id = node_id
+        # the log store (lattice_common.logstore) and what flushes into it; None: the
+        # output stays in the files and the ring buffer
+        self._shipper = (
+            LogShipper(
+                log_store,
+                node_id=node_id,
+                state_path=state_path_for(Path(state_file).absolute()),
+                interval=log_flush_interval,
+                clock=clock,
+            )
+            if log_store is not None
+            else None
+        )
         # who each allocation runs as (lattice_agent.identity); None: the agent itself
         self._identities = identities if identities is not None else IdentityPolicy()
         # per-allocation scratch directories (lattice_agent.scratch)
@@ -149,7 +168,10 @@ class ProcessRuntime:
                 continue
             if saved.life.allocation_id in self._allocs:
                 continue
-            rec = AllocHandle.recovered(saved, ring_lines=self._ring_lines, clock=self._clock)
+            shipped = self._shipper.offsets(saved.life.allocation_id) if self._shipper else None
+            rec = AllocHandle.recovered(
+                saved, ring_lines=self._ring_lines, clock=self._clock, log_offsets=shipped
+            )
             self._allocs[rec.id] = rec
             loaded.append(rec)
         self._remove_orphan_scopes(loaded)
@@ -161,7 +183,11 @@ class ProcessRuntime:
             if rec.life.status == Status.EXITED:
                 rec.done.set()
                 rec.logs.drain()
+                if self._shipper is not None:  # its final flush, if it was not done
+                    self._shipper.resume(rec.id, rec.logs, ended=True)
                 continue
+            if self._shipper is not None:
+                self._shipper.resume(rec.id, rec.logs, ended=False)
             rec.tail_task = self._spawn_task(rec.logs.run(rec.done), f"tail-{rec.id}")
             alive = rec.group.leader_alive()
             if alive:
@@ -285,6 +311,8 @@ class ProcessRuntime:
         if self._closed:
             return
         self._closed = True
+        if self._shipper is not None:  # a last, bounded flush while the tails still run
+            await self._shipper.close()
         for rec in self._allocs.values():
             rec.cancel_timers()
         tasks = list(self._tasks)
@@ -343,6 +371,8 @@ class ProcessRuntime:
             case lc.Forget():
                 rec.release()
                 del self._allocs[rec.id]
+                if self._shipper is not None:
+                    self._shipper.forget(rec.id)
         return None
 
     def _spawn(self, rec: AllocHandle) -> lc.Event:
@@ -394,6 +424,8 @@ class ProcessRuntime:
             alloc.id, launched.pid, proc_start=launched.proc_start, is_child=True
         )
         rec.logs = self._log_tail(alloc.id, rec.paths, launched.offsets)
+        if self._shipper is not None:
+            self._shipper.track(alloc, rec.logs)
         self._allocs[alloc.id] = rec
         log.info("started allocation %s: pid %d, cwd %s", alloc.id, launched.pid, launched.cwd)
         rec.tail_task = self._spawn_task(rec.logs.run(rec.done), f"tail-{rec.id}")
@@ -470,6 +502,11 @@ class ProcessRuntime:
         self._uenv.release(rec.id)  # its mount namespace is gone with the group
         if self._oci is not None:
             await asyncio.to_thread(self._oci.cleanup, rec.id)  # nothing there: no-op
+        if self._shipper is not None and self._shipper.tracking(rec.id):
+            # the group is gone, so is its output: read the rest, flush it before the end
+            # is reported (bounded; the shipper keeps trying after a failure)
+            rec.logs.drain()
+            await self._shipper.finish(rec.id)
         self._feed(
             rec,
             lc.Reaped(

@@ -329,6 +329,36 @@ class LatticeClient:
             _raise_inline_error(item)
             yield LogLine.from_dict(item)
 
+    # ------------------------------------------------------------------ metrics
+
+    async def query_metrics(
+        self,
+        alloc_id: str,
+        mode: str = "summary",
+        duration: str | float | None = None,
+        metrics: list[str] | str | None = None,
+        node: str | None = None,
+    ) -> dict[str, Any]:
+        """The allocation's latest metrics from the TSDB (``lattice top``).
+
+        ``mode``: ``summary`` (one value per metric across the allocation), ``per-node``
+        or ``per-gpu``; ``duration``: how far back values are looked for (``"5m"``,
+        ``"1h"``, or seconds; default 5 minutes); ``metrics``: catalog names (default:
+        all); ``node``: one node only. Returns ``{allocation_id, state, mode,
+        duration_seconds, timestamp (None: no data yet), resolution_seconds,
+        telemetry_mode, node_ids, samples: [{name, node_id, value, unit, timestamp,
+        labels}], alerts}``; no TSDB (or a TSDB that is down) is a
+        ``LatticeUnavailableError``."""
+        if isinstance(metrics, str):
+            metrics = [metrics]
+        params = {
+            "mode": mode if mode and mode != "summary" else None,
+            "duration": None if duration is None else str(duration),
+            "metrics": ",".join(metrics) if metrics else None,
+            "node": node,
+        }
+        return await self._call("GET", f"/allocations/{_seg(alloc_id)}/metrics", params=params)
+
     # ------------------------------------------------------------------ task launches
 
     async def launch_tasks(

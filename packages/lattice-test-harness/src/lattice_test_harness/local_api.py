@@ -79,24 +79,39 @@ class MemoryLogs:
             }
         )
 
-    def _select(self, alloc: Allocation, tail: int | None, stream: str) -> list[dict[str, Any]]:
+    def _select(
+        self,
+        alloc: Allocation,
+        tail: int | None,
+        stream: str,
+        node: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        offset: int = 0,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
         lines = [
             ln
             for ln in self.lines.get(alloc.id, [])
-            if stream in ("both", "") or ln["stream"] == stream
+            if (stream in ("both", "") or ln["stream"] == stream)
+            and (not node or ln["node_id"] == node)
+            and (since is None or ln["timestamp"] >= since)
+            and (until is None or ln["timestamp"] <= until)
         ]
-        return lines[-tail:] if tail else lines
+        lines = lines[-tail:] if tail else lines
+        lines = lines[offset:]
+        return lines[:limit] if limit is not None else lines
 
     async def follow(
-        self, alloc: Allocation, *, tail: int | None = None, stream: str = "both"
+        self, alloc: Allocation, *, tail: int | None = None, stream: str = "both", **filters: Any
     ) -> AsyncIterator[dict[str, Any]]:
-        for ln in self._select(alloc, tail, stream):
+        for ln in self._select(alloc, tail, stream, **filters):
             yield dict(ln)
 
     async def fetch(
-        self, alloc: Allocation, *, tail: int | None = None, stream: str = "both"
+        self, alloc: Allocation, *, tail: int | None = None, stream: str = "both", **filters: Any
     ) -> list[dict[str, Any]]:
-        return [dict(ln) for ln in self._select(alloc, tail, stream)]
+        return [dict(ln) for ln in self._select(alloc, tail, stream, **filters)]
 
     def close(self) -> None:
         pass

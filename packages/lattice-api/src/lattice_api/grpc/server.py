@@ -143,7 +143,9 @@ for _adapter in ADAPTERS:
 
 def build_grpc_server(ops: Operations, auth: Authenticator) -> Server:
     services = [
-        AllocationService(ops.allocations, ops.launches, ops.dags, ops.attach, ops.sessions),
+        AllocationService(
+            ops.allocations, ops.launches, ops.dags, ops.attach, ops.sessions, ops.metrics
+        ),
         NodeService(ops.nodes, ops.cache, ops.pki),
         AdminService(ops.admin, ops.usage, ops.queue, ops.services, ops.audit, ops.pki),
         QuorumService(ops.quorum),

@@ -34,15 +34,22 @@ from lattice_api.validation import validate_submission
 
 
 class LogSource(Protocol):
-    """Where allocation output comes from (lattice_api.logs.LogProxy: the agents)."""
+    """Where allocation output comes from (lattice_api.logs.LogProxy: the agents and the
+    log store). Filters (``node``, ``since``, ``until``, ``offset``, ``limit``) are
+    passed as keywords only when a caller gives them."""
 
     def follow(
-        self, alloc: Allocation, *, tail: int | None = None, stream: str = "both"
+        self, alloc: Allocation, *, tail: int | None = None, stream: str = "both", **filters: Any
     ) -> AsyncIterator[dict[str, Any]]: ...
 
     async def fetch(
-        self, alloc: Allocation, *, tail: int | None = None, stream: str = "both"
+        self, alloc: Allocation, *, tail: int | None = None, stream: str = "both", **filters: Any
     ) -> list[dict[str, Any]]: ...
+
+
+def _log_filters(**given: Any) -> dict[str, Any]:
+    """The log filters a caller gave (None and 0 offsets are not given)."""
+    return {k: v for k, v in given.items() if v is not None and not (k == "offset" and v == 0)}
 
 
 def parse_states(state: str | None) -> set[AllocationState] | None:
@@ -269,22 +276,62 @@ class AllocationOps:
             self.quorum.unsubscribe(q)
 
     async def logs(
-        self, who: Identity, alloc_id: str, *, tail: int | None = None, stream: str = "both"
+        self,
+        who: Identity,
+        alloc_id: str,
+        *,
+        tail: int | None = None,
+        stream: str = "both",
+        node: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        offset: int | None = None,
+        limit: int | None = None,
     ) -> list[dict[str, Any]]:
+        """Output lines in time order: live from the agent, history from the log store
+        (lattice_api.logs); ``tail`` applies after the node and time filters, ``offset``
+        and ``limit`` page through what is left."""
+        _check_log_request(stream, since, until)
         a = self.get(who, alloc_id)
         if self.audit is not None:
             self.audit.record_access(who.user, a, audit.ALLOCATION_LOGS, {"stream": stream})
-        return await self.log_source.fetch(a, tail=tail, stream=stream)
+        filters = _log_filters(node=node, since=since, until=until, offset=offset, limit=limit)
+        return await self.log_source.fetch(a, tail=tail, stream=stream, **filters)
 
     def follow_logs(
-        self, who: Identity, alloc_id: str, *, tail: int | None = None, stream: str = "both"
+        self,
+        who: Identity,
+        alloc_id: str,
+        *,
+        tail: int | None = None,
+        stream: str = "both",
+        node: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Live log lines; NotFound is raised here, before the stream starts."""
+        _check_log_request(stream, since, until)
         a = self.get(who, alloc_id)
         if self.audit is not None:
             details = {"stream": stream, "follow": "true"}
             self.audit.record_access(who.user, a, audit.ALLOCATION_LOGS, details)
-        return self.log_source.follow(a, tail=tail, stream=stream)
+        filters = _log_filters(node=node, since=since, until=until)
+        return self.log_source.follow(a, tail=tail, stream=stream, **filters)
+
+
+def _check_log_request(stream: str, since: float | None, until: float | None) -> None:
+    if stream not in ("both", "stdout", "stderr"):
+        raise ValidationError(
+            f"unknown stream {stream!r}",
+            details={"stream": stream},
+            hint="Give stdout, stderr or both.",
+        )
+    if since is not None and until is not None and until < since:
+        raise ValidationError(
+            "until is before since",
+            details={"since": since, "until": until},
+            hint="Give --since earlier than --until.",
+        )
 
 
 __all__ = ["AllocationOps", "LogSource", "parse_states"]

@@ -3,11 +3,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
 from aiohttp import web
 from lattice_common.errors import ValidationError
 
 from lattice_api.http import json_response, query_flag, query_int, read_body, stream_ndjson, who
 from lattice_api.operations import Operations
+
+
+def query_time(query: Mapping[str, str], name: str) -> float | None:
+    """A time query parameter: seconds since the epoch or RFC 3339
+    (``2026-03-01T10:00:00Z``; without a zone: UTC). None when absent."""
+    value = query.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        t = datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValidationError(
+            f"{name}={value!r} is not a time",
+            details={name: value},
+            hint="Give seconds since the epoch or RFC 3339, e.g. 2026-03-01T10:00:00Z.",
+        ) from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return t.timestamp()
+
+
+def _log_query(query: Mapping[str, str]) -> dict[str, object]:
+    """The filters of both log routes: stream, node, since, until."""
+    return {
+        "stream": query.get("stream") or "both",
+        "node": query.get("node") or None,
+        "since": query_time(query, "since"),
+        "until": query_time(query, "until"),
+    }
 
 
 def add_routes(router: web.UrlDispatcher, ops: Operations) -> None:
@@ -61,20 +97,28 @@ def add_routes(router: web.UrlDispatcher, ops: Operations) -> None:
         )
 
     async def get_logs(request: web.Request) -> web.Response:
+        # ?tail=&stream=&node=&since=&until=&offset=&limit= (history from the log store)
+        q = request.query
+        limit = query_int(q, "limit")
         lines = await allocs.logs(
             who(request),
             request.match_info["id"],
-            tail=query_int(request.query, "tail"),
-            stream=request.query.get("stream", "both"),
+            tail=query_int(q, "tail"),
+            offset=query_int(q, "offset"),
+            limit=None if limit is None else limit + 1,
+            **_log_query(q),  # type: ignore[arg-type]
         )
-        return json_response({"lines": lines})
+        truncated = limit is not None and len(lines) > limit
+        return json_response(
+            {"lines": lines[:limit] if truncated else lines, "truncated": truncated}
+        )
 
     async def stream_logs(request: web.Request) -> web.StreamResponse:
         lines = allocs.follow_logs(
             who(request),
             request.match_info["id"],
             tail=query_int(request.query, "tail"),
-            stream=request.query.get("stream", "both"),
+            **_log_query(request.query),  # type: ignore[arg-type]
         )
         return await stream_ndjson(request, "logs", lines)
 

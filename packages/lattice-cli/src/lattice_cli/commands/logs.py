@@ -1,4 +1,9 @@
-"""``lattice logs``: an allocation's output, or ``-f`` to follow it live."""
+"""``lattice logs``: an allocation's output, or ``-f`` to follow it live.
+
+Lines come from the node's agent while it runs and from the log store afterwards (or
+when the node is gone); ``--since``/``--until`` keep the lines whose capture time falls
+in the window, ``--node`` one node's lines.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +31,18 @@ def logs(
     stderr_only: Annotated[bool, typer.Option("--stderr", help="Only standard error.")] = False,
     stdout_only: Annotated[bool, typer.Option("--stdout", help="Only standard output.")] = False,
     node: Annotated[str | None, typer.Option("--node", help="Only output from this node.")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            help="Only lines written at or after this time: 10m / 2h / 1d ago, "
+            "2026-03-01T10:00:00Z, or epoch seconds.",
+        ),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", help="Only lines written at or before this time (as --since)."),
+    ] = None,
     timestamps: Annotated[
         bool,
         typer.Option("--timestamps/--no-timestamps", help="Prefix each line with its time."),
@@ -33,8 +50,26 @@ def logs(
     output: OutputOpt = None,
 ) -> None:
     """Show an allocation's output; stderr lines go to stderr. `-f` follows live."""
+    from lattice_cli.commands.admin.audit import parse_when
+
     st = state_of(ctx)
     fmt = st.output(output)
+    t_since = parse_when(since, "since")
+    t_until = parse_when(until, "until")
+    windowed = t_since is not None or t_until is not None
+
+    def when(line: Any) -> float | None:
+        try:
+            return float(line.timestamp)
+        except (TypeError, ValueError):
+            return None
+
+    def in_window(line: Any) -> bool:
+        ts = when(line)
+        if ts is None:
+            return not windowed
+        return (t_since is None or ts >= t_since) and (t_until is None or ts <= t_until)
+
     stream = "both"
     if stderr_only and not stdout_only:
         stream = "stderr"
@@ -56,13 +91,25 @@ def logs(
         print(text, file=target, flush=follow)
 
     async def go(client: Any) -> None:
+        # the window is applied here (the server's ?since=&until= is not in the SDK yet),
+        # so --tail then counts within it
         if follow:
             alloc = await client.status(alloc_id)  # also a clear 404 before streaming
             many = len(alloc.assigned_nodes) > 1 or (alloc.spec.nodes or 1) > 1
-            async for line in client.stream_logs(alloc_id, tail=tail):
-                show(line, many and not node)
+            async for line in client.stream_logs(alloc_id, tail=None if windowed else tail):
+                ts = when(line)
+                if t_until is not None and ts is not None and ts > t_until:
+                    return  # past the window: nothing later can fall into it
+                if in_window(line):
+                    show(line, many and not node)
             return
-        lines = await client.logs(alloc_id, tail=tail, stream=stream)
+        lines = await client.logs(alloc_id, tail=None if windowed else tail, stream=stream)
+        if windowed:
+            lines = [line for line in lines if in_window(line)]
+            if node:
+                lines = [line for line in lines if line.node_id == node]
+            if tail is not None:
+                lines = lines[-tail:] if tail > 0 else []
         many = len({line.node_id for line in lines if line.node_id}) > 1
         for line in lines:
             show(line, many and not node)

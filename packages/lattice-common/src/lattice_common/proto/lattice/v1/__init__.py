@@ -3124,7 +3124,7 @@ class MetricsSnapshot(betterproto2.Message):
 
     timestamp: "float" = betterproto2.field(2, betterproto2.TYPE_DOUBLE)
     """
-    snapshot time
+    snapshot time (the newest sample's); 0 = no data
     """
 
     samples: "list[MetricSample]" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, repeated=True)
@@ -3135,6 +3135,36 @@ class MetricsSnapshot(betterproto2.Message):
     alerts: "list[str]" = betterproto2.field(4, betterproto2.TYPE_STRING, repeated=True)
     """
     human-readable warnings (e.g. "GPU 3 throttled")
+    """
+
+    mode: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    QueryMetrics: "summary" | "per-node" | "per-gpu"
+    """
+
+    duration_seconds: "float" = betterproto2.field(6, betterproto2.TYPE_DOUBLE)
+    """
+    QueryMetrics: how far back values were looked for
+    """
+
+    resolution_seconds: "float" = betterproto2.field(7, betterproto2.TYPE_DOUBLE)
+    """
+    the data's resolution: 30 (prod windows) or 1 (debug)
+    """
+
+    telemetry_mode: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
+    """
+    "prod" | "debug": what the data is (no data: the default)
+    """
+
+    state: "str" = betterproto2.field(9, betterproto2.TYPE_STRING)
+    """
+    the allocation's state
+    """
+
+    node_ids: "list[str]" = betterproto2.field(10, betterproto2.TYPE_STRING, repeated=True)
+    """
+    the nodes that reported within the duration
     """
 
 
@@ -3634,12 +3664,22 @@ class QueryMetricsRequest(betterproto2.Message):
 
     metrics: "list[str]" = betterproto2.field(2, betterproto2.TYPE_STRING, repeated=True)
     """
-    metric names; empty = the default set
+    metric names (user metrics catalog); empty = all of them
     """
 
     node_id: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
     """
     one node; "" = all
+    """
+
+    mode: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+    """
+    "summary" (across nodes; "" = this) | "per-node" | "per-gpu"
+    """
+
+    duration_seconds: "float" = betterproto2.field(5, betterproto2.TYPE_DOUBLE)
+    """
+    look back this far for the latest values; 0 = 300 s
     """
 
 
