@@ -25,6 +25,12 @@ EXPECTED = {
     "dag.py": {"chain_per_stage_ms", "fanout_enqueue_s", "attach_echo_p50_ms"},
     "prologue.py": {"bare_ms", "uenv_added_ms", "oci_added_ms", "agent_cpu_64"},
     "auth_overhead.py": {"secure_submits_per_s", "dev_submits_per_s", "ratio", "secure_p99_ms"},
+    "observability.py": {
+        "log_streams_100_cpu_pct",
+        "ingest_latency_p99_ms",
+        "agent_cpu_pct",
+        "ebpf_overhead_pct",
+    },
 }
 
 
