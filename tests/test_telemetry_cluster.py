@@ -66,6 +66,8 @@ def test_busy_job_cpu_reaches_victoria_metrics(tmp_path: Path) -> None:
             assert ("cpu_utilization", agg) in names
             assert ("memory_used", agg) in names
         assert h.wait_state(a["id"], ("Completed", "Failed"), timeout=30)["state"] == "Completed"
+        # `lattice nodes node-001` says which collectors the agent uses
+        assert "proc" in h.request("GET", "/api/v1/nodes/node-001")["telemetry"]
     finally:
         h.cluster.stop()
     assert h.cluster.tsdb_proc is None

@@ -225,8 +225,12 @@ async def test_agent_register_heartbeat_and_desired_state(served: Any) -> None:
     status, out = await rest.call("POST", "/api/v1/nodes/zz/heartbeat", AGENT, {"sequence": 1})
     assert out["reregister"] is True
     stub = grpc(channel, AGENT).nodes
-    hb = await stub.heartbeat(v1.HeartbeatRequest(node_id="r1", sequence=2))
+    health = v1.HealthSummary(telemetry_sources=["proc", "ebpf"])
+    hb = await stub.heartbeat(v1.HeartbeatRequest(node_id="r1", sequence=2, health=health))
     assert hb.generation > 0 and not hb.reregister and not hb.leader_hint
+    # the collectors the agent reported show on the node (`lattice nodes r1`)
+    status, node = await rest.call("GET", "/api/v1/nodes/r1", AGENT)
+    assert node["telemetry"] == "ebpf, proc"
     aid = api.submit(World.spec("alice")).id
     desired = stub.watch_desired_state(v1.WatchDesiredStateRequest(node_id="r1")).__aiter__()
     first = await desired.__anext__()

@@ -486,6 +486,70 @@ async def test_logs_and_stream_logs(api, client_for):
     ]
 
 
+async def test_logs_filters_and_paging_go_to_the_server(api, client_for):
+    import datetime as dt
+
+    aid = api.ids["running"]
+    for i in range(10):
+        api.logs.add(aid, f"line {i}", node_id=f"n{i % 2}", timestamp=1772704800.0 + i)
+    async with client_for() as client:
+        n1 = await client.logs(aid, node="n1")
+        window = await client.logs(
+            aid,
+            since=dt.datetime(2026, 3, 5, 10, 0, 2),  # naive: UTC
+            until="2026-03-05T10:00:05Z",
+        )
+        page = await client.logs(aid, since=1772704800, offset=2, limit=3)
+        last = await client.logs(aid, offset=8, limit=3)
+        streamed = [
+            line.message
+            async for line in client.stream_logs(aid, tail=2, node="n0", until=1772704806.5)
+        ]
+    queries = [r["query"] for r in api.requests]
+    assert queries[:4] == [
+        {"stream": "both", "node": "n1"},
+        {"stream": "both", "since": "1772704802.0", "until": "2026-03-05T10:00:05Z"},
+        {"stream": "both", "since": "1772704800.0", "offset": "2", "limit": "3"},
+        {"stream": "both", "offset": "8", "limit": "3"},
+    ]
+    assert queries[4] == {"tail": "2", "node": "n0", "until": "1772704806.5"}
+    assert [x.message for x in n1] == ["line 1", "line 3", "line 5", "line 7", "line 9"]
+    assert [x.message for x in window] == ["line 2", "line 3", "line 4", "line 5"]
+    assert [x.message for x in page] == ["line 2", "line 3", "line 4"] and page.truncated
+    assert [x.message for x in last] == ["line 8", "line 9"] and not last.truncated
+    assert not n1.truncated and isinstance(n1, list)
+    assert streamed == ["line 4", "line 6"]
+    with pytest.raises(TypeError):
+        await client.logs(aid, since=True)
+
+
+async def test_compare_metrics_request_and_refusals(api, client_for):
+    ids = api.ids
+    async with client_for() as client:
+        # this server has no TSDB: the refusal after the allocations were checked
+        with pytest.raises(LatticeUnavailableError) as e:
+            await client.compare_metrics(
+                [ids["done"], ids["running"]], metrics="cpu_utilization", duration="1h", step=60
+            )
+        assert e.value.message == "metrics are not available: no TSDB configured"
+        with pytest.raises(LatticeNotFoundError):
+            await client.compare_metrics([ids["done"], "nope"])
+        with pytest.raises(LatticeError) as e2:
+            await client.compare_metrics([ids["done"], ids["pending"]])
+        assert e2.value.code == "failed_precondition"
+        assert f"allocation {ids['pending']} has not started (Pending)" in e2.value.message
+        with pytest.raises(LatticeValidationError):
+            await client.compare_metrics([ids["done"]])
+    sent = api.requests[0]
+    assert sent["path"] == "/api/v1/compare"
+    assert sent["query"] == {
+        "ids": f"{ids['done']},{ids['running']}",
+        "metrics": "cpu_utilization",
+        "duration": "1h",
+        "step": "60",
+    }
+
+
 async def test_stream_error_status_raises_before_iterating(client_for):
     async with client_for() as client:
         with pytest.raises(LatticeNotFoundError) as info:

@@ -71,6 +71,17 @@ def check_cancel(who: Identity, a: Allocation) -> None:
         )
 
 
+def check_update(who: Identity, a: Allocation) -> None:
+    """Changing a running allocation (its telemetry mode: ``PATCH /api/v1/allocations/
+    {id}``): its owner, a tenant admin of its tenant (``can_read`` already confined them),
+    or a system admin; others who may read it (operators, read-only) may not."""
+    if a.spec.user != who.user and who.role not in _CANCEL_OTHERS:
+        raise PermissionDenied(
+            f"allocation {a.id} belongs to {a.spec.user}",
+            hint="Only its owner, a tenant admin of its tenant or a system admin may change it.",
+        )
+
+
 def check_dag_cancel(who: Identity, d: Dag) -> None:
     """As :func:`check_cancel`, for a whole DAG: its submitter, or a system or tenant
     admin."""
@@ -124,6 +135,7 @@ def releases_any_claim(who: Identity) -> bool:
 __all__ = [
     "check_cancel",
     "check_dag_cancel",
+    "check_update",
     "listing_user",
     "releases_any_claim",
     "sees_others_sessions",

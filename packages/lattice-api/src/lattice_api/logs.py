@@ -23,7 +23,6 @@ Without a store everything comes from the agent, as before.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import logging
 import time
@@ -32,6 +31,7 @@ from typing import Any
 
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from lattice_common.agents import AgentChannels
+from lattice_common.aiter import watched
 from lattice_common.errors import NotFound, Unavailable
 from lattice_common.logstore import (
     LogRead,
@@ -176,34 +176,18 @@ class LogProxy:
                 hint="The node's agent may be down; try again when it is back.",
             ) from None
 
-    async def _watched(self, alloc: Allocation, lines: AsyncIterator[Line]) -> AsyncIterator[Line]:
+    def _watched(self, alloc: Allocation, lines: AsyncIterator[Line]) -> AsyncIterator[Line]:
         """``lines`` from the agent, given up (Unavailable) once the quorum says its node
         is gone: a lost node's connection may hang rather than break."""
-        pending: asyncio.Future[Line] | None = None
-        try:
-            while True:
-                if pending is None:
-                    pending = asyncio.ensure_future(anext(lines))
-                done, _ = await asyncio.wait({pending}, timeout=self.node_check_interval)
-                if not done:
-                    now = self.quorum.read(queries.allocation, alloc.id)
-                    moved = now is None or now.assigned_nodes[:1] != alloc.assigned_nodes[:1]
-                    if moved or self._agent_gone(alloc):
-                        raise Unavailable(f"node {alloc.assigned_nodes[0]} is gone")
-                    continue
-                fut, pending = pending, None
-                try:
-                    ln = fut.result()
-                except StopAsyncIteration:
-                    return
-                yield ln
-        finally:
-            if pending is not None:
-                pending.cancel()
-                with contextlib.suppress(BaseException):
-                    await pending
-            with contextlib.suppress(Exception):
-                await lines.aclose()  # type: ignore[attr-defined]
+
+        def check() -> bool:
+            now = self.quorum.read(queries.allocation, alloc.id)
+            moved = now is None or now.assigned_nodes[:1] != alloc.assigned_nodes[:1]
+            if moved or self._agent_gone(alloc):
+                raise Unavailable(f"node {alloc.assigned_nodes[0]} is gone")
+            return False
+
+        return watched(lines, self.node_check_interval, check)
 
     async def _stored(
         self,

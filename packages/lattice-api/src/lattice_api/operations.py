@@ -19,6 +19,7 @@ from lattice_api.ops.attach import AttachOps
 from lattice_api.ops.audit import AuditOps
 from lattice_api.ops.auth import AuthOps
 from lattice_api.ops.cache import CacheOps
+from lattice_api.ops.compare import CompareOps
 from lattice_api.ops.dags import DagOps
 from lattice_api.ops.launches import LaunchOps
 from lattice_api.ops.metrics import MetricsOps
@@ -28,6 +29,7 @@ from lattice_api.ops.queue import QueueOps
 from lattice_api.ops.quorum import QuorumOps
 from lattice_api.ops.services import ServiceOps
 from lattice_api.ops.sessions import SessionOps
+from lattice_api.ops.telemetry import TelemetryOps
 from lattice_api.ops.usage import UsageOps
 from lattice_api.ratelimit import RateLimiter
 from lattice_api.settings import ApiSettings
@@ -79,6 +81,8 @@ class Operations:
         )
         # the nodes' uenv caches, through their agents (NodeService.CacheStatus, ...)
         self.cache = CacheOps(quorum, self.launches.agents)
+        # live metrics and the telemetry mode (StreamMetrics, Update), through the agents
+        self.telemetry = TelemetryOps(quorum, self.launches.agents, audit=self.recorder)
         self.nodes = NodeOps(
             quorum, monitor, api_addresses=settings.api_addresses, audit=self.recorder
         )
@@ -104,6 +108,8 @@ class Operations:
             telemetry_mode=settings.telemetry_mode,
             audit=self.recorder,
         )
+        # CompareMetrics (`lattice compare`): the same TSDB settings, several allocations
+        self.compare = CompareOps(self.metrics)
 
 
 __all__ = ["Operations"]

@@ -36,6 +36,9 @@ ROLES: dict[str, frozenset[Role]] = {
     "allocation.cancel": _WRITE_OWN,
     "allocation.launch": _WRITE_OWN,
     "allocation.attach": _WRITE_OWN,  # the owner only (sensitive: the claiming user)
+    # change a running allocation (its telemetry mode): the owner, a tenant admin of its
+    # tenant, a system admin (lattice_api.access.check_update)
+    "allocation.update": _WRITE_OWN,
     "allocation.list_all": frozenset(
         {Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.READ_ONLY}
     ),
@@ -75,7 +78,7 @@ RPCS: dict[str, str] = {
     "AllocationService.Get": "allocation.read",
     "AllocationService.List": "allocation.read",
     "AllocationService.Cancel": "allocation.cancel",
-    "AllocationService.Update": NOT_BUILT,
+    "AllocationService.Update": "allocation.update",  # telemetry mode only, so far
     "AllocationService.Watch": "allocation.read",
     "AllocationService.Checkpoint": NOT_BUILT,
     "AllocationService.LaunchTasks": "allocation.launch",
@@ -84,9 +87,9 @@ RPCS: dict[str, str] = {
     "AllocationService.StreamLogs": "allocation.read",
     "AllocationService.GetLogs": "allocation.read",
     "AllocationService.QueryMetrics": "allocation.read",
-    "AllocationService.StreamMetrics": NOT_BUILT,
+    "AllocationService.StreamMetrics": "allocation.read",
     "AllocationService.GetDiagnostics": NOT_BUILT,
-    "AllocationService.CompareMetrics": NOT_BUILT,
+    "AllocationService.CompareMetrics": "allocation.read",
     "AllocationService.GetDag": "allocation.read",
     "AllocationService.ListDags": "allocation.read",
     "AllocationService.CancelDag": "allocation.cancel",
@@ -163,6 +166,12 @@ ROUTES: dict[str, str] = {
     "GET /api/v1/allocations/{id}/logs/stream": "allocation.read",
     # `lattice top`: the allocation's metrics from the TSDB (visible allocations only)
     "GET /api/v1/allocations/{id}/metrics": "allocation.read",
+    # `lattice watch`: the agents' live metrics and alerts, fanned in (NDJSON)
+    "GET /api/v1/allocations/{id}/metrics/stream": "allocation.read",
+    # `lattice telemetry`: switch the telemetry mode on the allocation's nodes
+    "PATCH /api/v1/allocations/{id}": "allocation.update",
+    # `lattice compare`: several allocations' metrics, each one visible to the caller
+    "GET /api/v1/compare": "allocation.read",
     # DAG workflows: submitting one is submitting its allocations; cancelling one, its
     # submitter's or an admin's (lattice_api.access.check_dag_cancel)
     "POST /api/v1/dags": "allocation.submit",

@@ -64,11 +64,15 @@ KINDS: dict[str, str] = {
     "AllocationService.StreamLogs": "stream_logs",
     "GET /api/v1/allocations/{id}/logs/stream": "stream_logs",
     "AllocationService.StreamMetrics": "stream_metrics",
+    "GET /api/v1/allocations/{id}/metrics/stream": "stream_metrics",
+    "HEAD /api/v1/allocations/{id}/metrics/stream": "stream_metrics",
     "AllocationService.QueryMetrics": "query_metrics",
     "GET /api/v1/allocations/{id}/metrics": "query_metrics",
     "HEAD /api/v1/allocations/{id}/metrics": "query_metrics",
     "AllocationService.GetDiagnostics": "diagnostics",
     "AllocationService.CompareMetrics": "compare",
+    "GET /api/v1/compare": "compare",
+    "HEAD /api/v1/compare": "compare",
 }
 CONCURRENT = {
     "attach": "attach_max_concurrent",

@@ -36,6 +36,7 @@ STREAMING_ROUTES = frozenset(
     {
         "GET /api/v1/allocations/{id}/watch",
         "GET /api/v1/allocations/{id}/logs/stream",
+        "GET /api/v1/allocations/{id}/metrics/stream",
         "GET /api/v1/allocations/{id}/attach",
     }
 )

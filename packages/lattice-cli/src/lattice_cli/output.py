@@ -549,6 +549,8 @@ def node_detail(node: dict[str, Any]) -> str:
             ("Claimed by", node.get("claimed_by")),
             # how its agent authenticated: spiffe, quorum-ca, site-ca, bootstrap, token, none
             ("Agent identity", node.get("agent_identity")),
+            # telemetry collectors: ebpf, proc (the /proc + cgroup fallback), nvml
+            ("Telemetry", node.get("telemetry")),
         ]
     )
 

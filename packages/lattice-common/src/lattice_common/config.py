@@ -71,6 +71,7 @@ __all__ = [
     "SchedulingConfig",
     "SecretsConfig",
     "StorageConfig",
+    "TelemetryAlertRule",
     "TelemetryConfig",
     "TlsConfig",
     "load_config",
@@ -558,6 +559,60 @@ class StorageConfig(_Section):
         return self
 
 
+class TelemetryAlertRule(_Section):
+    """One threshold rule the node agents evaluate on every collection of every
+    allocation (spec: Alert Generation): the alert fires once ``metric`` has been below
+    (``<``) or above (``>``) ``threshold`` on every collection for ``for_seconds`` (0: at
+    the first), and resolves at the first collection where it is not (or has no value)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="the alert's name")
+    metric: str = Field(
+        pattern=r"^[a-z][a-z0-9_]{0,63}$",
+        description="a metric the agents collect, in its unit (io_latency_p99: microseconds)",
+    )
+    comparison: Literal["<", ">"] = Field(description="fires below (<) or above (>) threshold")
+    threshold: float = Field(allow_inf_nan=False)
+    for_seconds: float = Field(default=0.0, ge=0, description="how long before it fires")
+    severity: Literal["warning", "critical"] = "warning"
+    message: str = Field(default="", description="shown with the alert; empty = generated")
+
+
+def _spec_alert_rules() -> list[TelemetryAlertRule]:
+    """The specification's four rules (Alert Generation)."""
+    return [
+        TelemetryAlertRule(
+            name="gpu_idle",
+            metric="gpu_utilization",
+            comparison="<",
+            threshold=10,
+            for_seconds=60,
+            message="GPU utilization below 10% for over 60 s (potential hang)",
+        ),
+        TelemetryAlertRule(
+            name="gpu_memory_high",
+            metric="gpu_memory_utilization",
+            comparison=">",
+            threshold=95,
+            severity="critical",
+            message="GPU memory above 95% (OOM risk)",
+        ),
+        TelemetryAlertRule(
+            name="network_errors",
+            metric="network_error_rate",
+            comparison=">",
+            threshold=0.1,
+            message="network error rate above 0.1%",
+        ),
+        TelemetryAlertRule(
+            name="io_latency",
+            metric="io_latency_p99",
+            comparison=">",
+            threshold=10_000,
+            message="I/O p99 latency above 10 ms",
+        ),
+    ]
+
+
 class TelemetryConfig(_Section):
     """TSDB and the node agents' aggregation mode (spec: Telemetry)."""
 
@@ -568,6 +623,21 @@ class TelemetryConfig(_Section):
         default=1800.0, gt=0, description="debug mode reverts to prod after this long"
     )
     debug_trace_retention_days: int = Field(default=7, ge=1)
+    alert_rules: list[TelemetryAlertRule] = Field(
+        default_factory=_spec_alert_rules,
+        description="the agents' threshold alerts (lattice watch); the whole set: "
+        "default the specification's four",
+    )
+
+    @field_validator("alert_rules")
+    @classmethod
+    def _unique_rule_names(cls, v: list[TelemetryAlertRule]) -> list[TelemetryAlertRule]:
+        seen: set[str] = set()
+        for rule in v:
+            if rule.name in seen:
+                raise ValueError(f"two alert rules are named {rule.name!r}")
+            seen.add(rule.name)
+        return v
 
 
 # ---------------------------------------------------------------------------------------

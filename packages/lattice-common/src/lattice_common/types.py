@@ -410,6 +410,9 @@ class Node(msgspec.Struct, kw_only=True):
     # token, none), as the API member answering a read saw it: filled on reads from
     # that member's memory, never by a command
     agent_identity: str = ""
+    # Telemetry collectors its agent reported at its last heartbeat (ebpf, proc, nvml),
+    # filled on reads like agent_identity
+    telemetry: str = ""
 
     @property
     def schedulable(self) -> bool:

@@ -238,6 +238,8 @@ class Agent:
                     launches=self.launches,
                     attaches=self.attaches,
                     uenv=self.uenv,
+                    telemetry=self.telemetry,  # lattice watch, lattice telemetry
+                    allocation=self.assigned.get,
                 )
             ]
         )
@@ -344,7 +346,10 @@ class Agent:
                 allocations=[to_message(r, v1.AllocationReport) for r in reports],
                 generation=self.generation,
                 timestamp=time.time(),
-                health=v1.HealthSummary(conformance_fingerprint=self.conformance_group),
+                health=v1.HealthSummary(
+                    conformance_fingerprint=self.conformance_group,
+                    telemetry_sources=[s.name for s in self.telemetry.sources],
+                ),
             ),
             timeout=10,
         )

@@ -4,7 +4,8 @@ LaunchProcesses, WatchLaunch and Abort go to the agent's ``LaunchManager``
 (``pmi.launches``); PmiFence serves the cross-node fences this agent collects
 (``pmi.fence``); Attach goes to the agent's ``AttachManager`` (``attach``);
 CacheStatus, CacheWarm and CacheEvict to its uenv image cache (``uenv.UenvCache``,
-file work in a thread; ``lattice cache``). The RPCs of the contract that later work
+file work in a thread; ``lattice cache``); StreamMetrics and SetTelemetryMode to its
+telemetry loop (``telemetry.watch``; ``lattice watch``, ``lattice telemetry``). The RPCs of the contract that later work
 builds (desired state pushes) answer UNIMPLEMENTED naming the RPC.
 
 When an agent token is configured every call must carry it (``Authorization:
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpclib
 from grpclib.const import Status
@@ -29,6 +31,7 @@ from lattice_common.errors import (
     NotFound,
     Unauthenticated,
     Unavailable,
+    Unimplemented,
 )
 from lattice_common.proto.lattice import v1
 from lattice_common.rpc import grpc_error
@@ -46,6 +49,7 @@ from lattice_agent.pmi.fence import (
 from lattice_agent.pmi.launches import LaunchManager
 from lattice_agent.pmi.wire import PmiProtocolError, decode_kvs, encode_kvs
 from lattice_agent.runtime import ProcessRuntime
+from lattice_agent.telemetry import watch as telemetry_watch
 from lattice_agent.uenv import (
     CacheEntry,
     UenvCache,
@@ -58,6 +62,9 @@ from lattice_agent.uenv import (
     UenvUnreachable,
 )
 
+if TYPE_CHECKING:
+    from lattice_agent.telemetry.loop import TelemetryLoop
+
 
 class NodeAgentService(v1.NodeAgentServiceBase):
     def __init__(
@@ -69,8 +76,14 @@ class NodeAgentService(v1.NodeAgentServiceBase):
         launches: LaunchManager | None = None,
         attaches: AttachManager | None = None,
         uenv: UenvCache | None = None,
+        telemetry: TelemetryLoop | None = None,
+        allocation: Callable[[str], object | None] | None = None,
     ) -> None:
         self.node_id = node_id
+        #: the node's telemetry loop (None: no StreamMetrics / SetTelemetryMode here) and
+        #: the allocations the desired state assigns here (by id; None: none known)
+        self.telemetry = telemetry
+        self.allocation = allocation or (lambda _: None)
         self.runtime = runtime
         self.log_dir = log_dir
         #: the cross-node PMI fences this agent collects
@@ -198,6 +211,36 @@ class NodeAgentService(v1.NodeAgentServiceBase):
                 "through the API; name a launch (task_id) to abort one",
             )
         return v1.AbortResponse(killed=self._manager().abort(message))
+
+    # ------------------------------------------------------------------ telemetry
+
+    def _telemetry(self) -> TelemetryLoop:
+        if self.telemetry is None:
+            raise grpc_error(Unimplemented(f"node {self.node_id} serves no telemetry"))
+        return self.telemetry
+
+    async def stream_metrics(
+        self, message: v1.StreamMetricsRequest
+    ) -> AsyncIterator[v1.MetricsSnapshot]:
+        """An allocation's live metrics and alerts on this node (``telemetry.watch``)."""
+        stream = telemetry_watch.metrics_stream(
+            self._telemetry(), self.node_id, message, assigned=self.allocation
+        )
+        try:
+            async for snap in stream:
+                yield snap
+        except LatticeError as e:
+            raise grpc_error(e) from None
+
+    async def set_telemetry_mode(
+        self, message: v1.SetTelemetryModeRequest
+    ) -> v1.TelemetryModeResponse:
+        try:
+            return telemetry_watch.set_mode(
+                self._telemetry(), self.node_id, message, assigned=self.allocation
+            )
+        except LatticeError as e:
+            raise grpc_error(e) from None
 
     # ------------------------------------------------------------------ uenv cache
 

@@ -14,7 +14,7 @@ import inspect
 import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from lattice_sdk._version import __version__
@@ -24,12 +24,16 @@ from lattice_sdk.models import (
     AllocationEvent,
     AllocationSpec,
     LogLine,
+    LogLines,
     Node,
     QueueEntry,
     StartEstimate,
     Tenant,
     VCluster,
 )
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 API = "/api/v1"
 
@@ -53,6 +57,22 @@ def _current_user() -> str:
 def _seg(value: str) -> str:
     """One URL path segment (ids may contain anything a user typed)."""
     return quote(str(value), safe="")
+
+
+def _log_time(value: Any, name: str) -> str | None:
+    """A log window's bound (epoch seconds, a datetime (naive = UTC) or an RFC 3339
+    string) as the server reads it."""
+    from datetime import UTC, datetime
+
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a time, not {value!r}")
+    if isinstance(value, datetime):
+        value = (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+    if isinstance(value, int | float):
+        return repr(float(value))
+    return str(value)
 
 
 def _query(params: dict[str, Any] | None) -> str:
@@ -308,23 +328,62 @@ class LatticeClient:
             yield AllocationEvent.from_dict(item)
 
     async def logs(
-        self, alloc_id: str, tail: int | None = None, stream: str = "both"
-    ) -> list[LogLine]:
-        """Stored output of an allocation; ``stream`` is stdout, stderr or both."""
+        self,
+        alloc_id: str,
+        tail: int | None = None,
+        stream: str = "both",
+        *,
+        node: str | None = None,
+        since: float | str | datetime | None = None,
+        until: float | str | datetime | None = None,
+        offset: int | None = None,
+        limit: int | None = None,
+    ) -> LogLines:
+        """Stored output of an allocation, filtered by the server: ``stream`` stdout,
+        stderr or both; ``node`` one node's lines; ``since``/``until`` the lines captured
+        in that window (epoch seconds, a ``datetime`` (naive = UTC) or an RFC 3339
+        string); ``tail`` the last N of what is left; then ``offset``/``limit`` page
+        through it. Returns a list of :class:`LogLine` whose ``truncated`` is true when
+        ``limit`` cut lines off (ask again with ``offset`` advanced)."""
         if stream not in ("stdout", "stderr", "both"):
             raise ValueError(f"stream must be stdout, stderr or both, not {stream!r}")
-        params = {"tail": tail, "stream": stream}
+        params = {
+            "tail": tail,
+            "stream": stream,
+            "node": node or None,
+            "since": _log_time(since, "since"),
+            "until": _log_time(until, "until"),
+            "offset": offset or None,
+            "limit": limit,
+        }
         data = await self._call("GET", f"/allocations/{_seg(alloc_id)}/logs", params=params)
-        return [LogLine.from_dict(line) for line in _items(data, "lines")]
+        lines = LogLines(LogLine.from_dict(line) for line in _items(data, "lines"))
+        lines.truncated = bool(isinstance(data, dict) and data.get("truncated"))
+        return lines
 
     async def stream_logs(
-        self, alloc_id: str, tail: int | None = None, stream: str = "both"
+        self,
+        alloc_id: str,
+        tail: int | None = None,
+        stream: str = "both",
+        *,
+        node: str | None = None,
+        since: float | str | datetime | None = None,
+        until: float | str | datetime | None = None,
     ) -> AsyncIterator[LogLine]:
         """Live output: the last ``tail`` lines, then new lines as they arrive; ends when the
-        allocation has ended and its output is drained."""
+        allocation has ended and its output is drained. ``node``, ``since`` and
+        ``until`` filter on the server, as in :meth:`logs` (with ``until`` in the past
+        the stream ends once the window is read)."""
         if stream not in ("stdout", "stderr", "both"):
             raise ValueError(f"stream must be stdout, stderr or both, not {stream!r}")
-        params = {"tail": tail, "stream": None if stream == "both" else stream}
+        params = {
+            "tail": tail,
+            "stream": None if stream == "both" else stream,
+            "node": node or None,
+            "since": _log_time(since, "since"),
+            "until": _log_time(until, "until"),
+        }
         async for item in self._ndjson(f"/allocations/{_seg(alloc_id)}/logs/stream", params):
             _raise_inline_error(item)
             yield LogLine.from_dict(item)
@@ -358,6 +417,91 @@ class LatticeClient:
             "node": node,
         }
         return await self._call("GET", f"/allocations/{_seg(alloc_id)}/metrics", params=params)
+
+    async def stream_metrics(
+        self,
+        alloc_id: str,
+        metrics: list[str] | str | None = None,
+        node: str | None = None,
+        alerts_only: bool = False,
+        interval: float | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The allocation's live metrics pushed by its node agents (``lattice watch``):
+        one record per node and event, until the allocation ends.
+
+        Records are ``{allocation_id, event, node_id, timestamp, telemetry_mode,
+        mode_until, resolution_seconds, state, samples: [{name, node_id, value, unit,
+        timestamp, labels}], alerts, alert_events: [{rule, metric, node_id, state,
+        value, comparison, threshold, for_seconds, since, timestamp, severity,
+        message}]}`` with ``event``: ``metrics`` (first the latest collection, then one
+        per aggregation window in prod mode, one per second in debug mode), ``mode``
+        (the node's telemetry mode changed), ``alert`` (threshold alerts fired or
+        resolved), ``node_lost`` / ``node_back`` (a node's stream broke / came back;
+        the stream goes on), ``end`` (last). ``metrics``: catalog names (default all);
+        ``node``: one node; ``alerts_only``: alerts and lost nodes only; ``interval``:
+        seconds between metric records at most. The server allows 5 open streams per
+        user; a Pending or ended allocation is a ``LatticeError`` with code
+        ``invalid_transition``."""
+        if isinstance(metrics, str):
+            metrics = [metrics]
+        params = {
+            "metrics": ",".join(metrics) if metrics else None,
+            "node": node,
+            "alerts_only": True if alerts_only else None,
+            "interval": interval or None,
+        }
+        path = f"/allocations/{_seg(alloc_id)}/metrics/stream"
+        async for item in self._ndjson(path, params):
+            _raise_inline_error(item)
+            yield item
+
+    async def set_telemetry_mode(
+        self, alloc_id: str, mode: str, duration: str | float | None = None
+    ) -> dict[str, Any]:
+        """Switch the allocation's telemetry mode on all its nodes (``lattice
+        telemetry``): ``prod``, ``debug`` (reverts to the default after ``duration``,
+        by default 30 minutes) or ``audit``; ``duration``: ``"30m"``, ``"1h"`` or
+        seconds. Returns ``{allocation_id, telemetry_mode, duration_seconds, until,
+        nodes: [{node, ok, mode, until | error}]}``. Only the owner, a tenant admin of
+        its tenant or a system admin may switch it; sensitive allocations stay in audit
+        mode."""
+        body: dict[str, Any] = {"telemetry_mode": mode}
+        if duration not in (None, ""):
+            body["duration"] = duration
+        return await self._call("PATCH", f"/allocations/{_seg(alloc_id)}", body=body)
+
+    async def compare_metrics(
+        self,
+        alloc_ids: list[str],
+        metrics: list[str] | str | None = None,
+        duration: str | float | None = None,
+        step: str | float | None = None,
+    ) -> dict[str, Any]:
+        """The same metrics of two or more allocations, each aligned at its own start
+        (``lattice compare``; the first allocation is the baseline).
+
+        ``metrics``: catalog names (default gpu_utilization, cpu_utilization,
+        memory_used); ``duration``: the offsets to show (``"1h"`` or seconds; default the
+        longest run); ``step``: the spacing of the points (at least the agents' 30 s
+        window; default automatic). Returns ``{align, duration_seconds, step_seconds,
+        resolution_seconds, allocations: [{allocation_id, state, started_at,
+        finished_at}], comparisons: [{metric, unit, combine, values, series:
+        [{allocation_id, points: [[t_offset_seconds, value]], mean, max, final, delta,
+        ratio}]}]}`` (``delta``/``ratio``: the mean against the first allocation's).
+        Another user's allocation is a ``LatticeNotFoundError``; one that has not
+        started a ``LatticeError`` with code ``failed_precondition``; no TSDB a
+        ``LatticeUnavailableError``. The server allows 10 comparisons a minute per user."""
+        if isinstance(alloc_ids, str):
+            alloc_ids = [alloc_ids]
+        if isinstance(metrics, str):
+            metrics = [metrics]
+        params = {
+            "ids": ",".join(alloc_ids),
+            "metrics": ",".join(metrics) if metrics else None,
+            "duration": None if duration is None else str(duration),
+            "step": None if step is None else str(step),
+        }
+        return await self._call("GET", "/compare", params=params)
 
     # ------------------------------------------------------------------ task launches
 

@@ -304,6 +304,13 @@ class LogLine(_Record):
         return obj
 
 
+class LogLines(list[LogLine]):
+    """What :meth:`LatticeClient.logs` returns: a list of :class:`LogLine`, with
+    ``truncated`` true when the request's ``limit`` cut lines off (more follow)."""
+
+    truncated: bool = False
+
+
 @dataclass
 class AllocationEvent(_Record):
     """One change seen by :meth:`LatticeClient.watch`: the allocation after the change and

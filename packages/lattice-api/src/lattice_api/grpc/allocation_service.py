@@ -1,10 +1,12 @@
 """gRPC adapter of AllocationService: proto messages in, AllocationOps (task launches:
-LaunchOps; DAGs: DagOps; attach: AttachOps), proto out."""
+LaunchOps; DAGs: DagOps; attach: AttachOps; StreamMetrics and Update's telemetry mode:
+TelemetryOps), proto out."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,10 +20,12 @@ from lattice_common.wire import to_message
 from lattice_api.grpc.context import to_body, who
 from lattice_api.ops.allocations import AllocationOps
 from lattice_api.ops.attach import AttachOps
+from lattice_api.ops.compare import CompareOps
 from lattice_api.ops.dags import DagOps
 from lattice_api.ops.launches import LaunchOps
 from lattice_api.ops.metrics import MetricsOps
 from lattice_api.ops.sessions import SessionOps, SessionView
+from lattice_api.ops.telemetry import TelemetryOps
 
 
 def dag_body(spec: v1.DagSpec) -> dict[str, Any]:
@@ -48,9 +52,11 @@ class AllocationService(v1.AllocationServiceBase):
         attach: AttachOps | None = None,
         sessions: SessionOps | None = None,
         metrics: MetricsOps | None = None,
+        telemetry: TelemetryOps | None = None,
     ) -> None:
         self.ops = ops
         self.metrics = metrics or MetricsOps(ops.quorum)
+        self.telemetry = telemetry or TelemetryOps(ops.quorum, launches.agents)
         self.sessions = sessions or SessionOps(ops.quorum, ops)
         self.launches = launches
         self.dags = dags
@@ -123,14 +129,32 @@ class AllocationService(v1.AllocationServiceBase):
             yield v1.AllocationEvent(revision=rev, allocation=to_message(a, v1.Allocation))
 
     async def get_logs(self, message: v1.GetLogsRequest) -> v1.GetLogsResponse:
+        # the REST route's filters and paging (limit 0: no limit); one line more than
+        # the limit is asked for to say whether more follow
+        limit = message.limit if message.limit > 0 else None
         lines = await self.ops.logs(
-            who(), message.allocation_id, tail=message.tail or None, stream=message.stream or "both"
+            who(),
+            message.allocation_id,
+            tail=message.tail or None,
+            stream=message.stream or "both",
+            node=message.node_id or None,
+            since=message.since,
+            until=message.until,
+            offset=message.offset or None,
+            limit=None if limit is None else limit + 1,
         )
-        return v1.GetLogsResponse(lines=[v1.LogLine(**ln) for ln in lines])
+        truncated = limit is not None and len(lines) > limit
+        return v1.GetLogsResponse(
+            lines=[v1.LogLine(**ln) for ln in lines[:limit]], truncated=truncated
+        )
 
     async def stream_logs(self, message: v1.StreamLogsRequest) -> AsyncIterator[v1.LogLine]:
         lines = self.ops.follow_logs(
-            who(), message.allocation_id, tail=message.tail or None, stream=message.stream or "both"
+            who(),
+            message.allocation_id,
+            tail=message.tail or None,
+            stream=message.stream or "both",
+            node=message.node_id or None,
         )
         async for ln in lines:
             yield v1.LogLine(**ln)
@@ -145,6 +169,48 @@ class AllocationService(v1.AllocationServiceBase):
             node_id=message.node_id,
         )
         return metrics_snapshot(snap)
+
+    async def compare_metrics(self, message: v1.CompareMetricsRequest) -> v1.CompareMetricsResponse:
+        # `lattice compare`: the TSDB settings of QueryMetrics, several allocations
+        answer = await CompareOps(self.metrics).compare(
+            who(),
+            list(message.allocation_ids),
+            metrics=list(message.metrics),
+            duration=message.duration_seconds or None,
+            step=message.step_seconds or None,
+            align=message.align or None,
+        )
+        return compare_response(answer)
+
+    async def stream_metrics(
+        self, message: v1.StreamMetricsRequest
+    ) -> AsyncIterator[v1.MetricsSnapshot]:
+        """The agents' live metrics and alerts, merged (ops.telemetry); refusals come
+        before the first message."""
+        records = self.telemetry.open_stream(
+            who(),
+            message.allocation_id,
+            metrics=list(message.metrics),
+            node_id=message.node_id,
+            alerts_only=message.alerts_only,
+            interval=message.interval_seconds,
+        )
+        async for rec in records:
+            yield stream_message(rec)
+
+    async def update(self, message: v1.UpdateAllocationRequest) -> v1.Allocation:
+        """Only the telemetry mode can be changed so far (``lattice telemetry``;
+        ops.telemetry.update: the other fields answer UNIMPLEMENTED)."""
+        body: dict[str, Any] = {
+            "telemetry_mode": message.telemetry_mode,
+            "duration": message.telemetry_duration_seconds or None,
+            "walltime_seconds": message.walltime_seconds,
+            "walltime": message.walltime,
+            "tags": dict(message.tags),
+            "preemption_class": message.preemption_class,
+        }
+        await self.telemetry.update(who(), message.id, body)
+        return to_message(self.ops.get(who(), message.id), v1.Allocation)
 
     async def get_dag(self, message: v1.GetDagRequest) -> v1.Dag:
         return to_message(self.dags.get(who(), message.id), v1.Dag)
@@ -239,6 +305,70 @@ def metrics_snapshot(snap: dict[str, Any]) -> v1.MetricsSnapshot:
     )
 
 
+def compare_response(answer: dict[str, Any]) -> v1.CompareMetricsResponse:
+    """``CompareOps.compare``'s record as the proto message (points as ComparePoint;
+    a missing statistic unset; a running allocation's finished_at 0)."""
+    return v1.CompareMetricsResponse(
+        comparisons=[
+            v1.MetricComparison(
+                metric=c["metric"],
+                unit=c["unit"],
+                combine=c["combine"],
+                values=dict(c["values"]),
+                series=[
+                    v1.CompareSeries(
+                        allocation_id=s["allocation_id"],
+                        points=[
+                            v1.ComparePoint(t_offset_seconds=t, value=v) for t, v in s["points"]
+                        ],
+                        mean=s["mean"],
+                        max=s["max"],
+                        final=s["final"],
+                        delta=s["delta"],
+                        ratio=s["ratio"],
+                    )
+                    for s in c["series"]
+                ],
+            )
+            for c in answer["comparisons"]
+        ],
+        allocations=[
+            v1.CompareAllocation(
+                allocation_id=a["allocation_id"],
+                state=a["state"],
+                started_at=a["started_at"] or 0.0,
+                finished_at=a["finished_at"] or 0.0,
+            )
+            for a in answer["allocations"]
+        ],
+        duration_seconds=answer["duration_seconds"],
+        step_seconds=answer["step_seconds"],
+        align=answer["align"],
+        resolution_seconds=answer["resolution_seconds"],
+    )
+
+
+def stream_message(rec: dict[str, Any]) -> v1.MetricsSnapshot:
+    """A record of ``TelemetryOps``' merged stream as the proto message."""
+    return v1.MetricsSnapshot(
+        allocation_id=rec["allocation_id"],
+        event=rec["event"],
+        node_id=rec["node_id"],
+        timestamp=rec["timestamp"] or 0.0,
+        telemetry_mode=rec["telemetry_mode"],
+        mode_until=rec["mode_until"] or 0.0,
+        resolution_seconds=rec["resolution_seconds"],
+        state=rec["state"],
+        node_ids=[rec["node_id"]] if rec["node_id"] else [],
+        samples=[v1.MetricSample(**s) for s in rec["samples"]],
+        alerts=list(rec["alerts"]),
+        alert_events=[
+            v1.MetricAlert(**{**a, "value": math.nan if a["value"] is None else a["value"]})
+            for a in rec["alert_events"]
+        ],
+    )
+
+
 def _session(view: SessionView) -> v1.Session:
     return v1.Session(**msgspec.structs.asdict(view))
 
@@ -278,4 +408,4 @@ def launch_event(ev: dict) -> v1.LaunchEvent:  # type: ignore[type-arg]
     return v1.LaunchEvent(done=done)
 
 
-__all__ = ["AllocationService", "launch_event", "metrics_snapshot"]
+__all__ = ["AllocationService", "launch_event", "metrics_snapshot", "stream_message"]

@@ -103,6 +103,8 @@ class NodeService(v1.NodeServiceBase):
 
     async def heartbeat(self, message: v1.HeartbeatRequest) -> v1.HeartbeatResponse:
         self.ops.bind_agent(who(), message.node_id)  # on followers too
+        if message.health is not None:
+            self.ops.note_telemetry(message.node_id, message.health.telemetry_sources)
         hint = self.ops.leader_hint()
         if hint is not None:  # agents follow the hint to the leader
             return v1.HeartbeatResponse(leader_hint=hint)

@@ -144,7 +144,13 @@ for _adapter in ADAPTERS:
 def build_grpc_server(ops: Operations, auth: Authenticator) -> Server:
     services = [
         AllocationService(
-            ops.allocations, ops.launches, ops.dags, ops.attach, ops.sessions, ops.metrics
+            ops.allocations,
+            ops.launches,
+            ops.dags,
+            ops.attach,
+            ops.sessions,
+            ops.metrics,
+            telemetry=ops.telemetry,
         ),
         NodeService(ops.nodes, ops.cache, ops.pki),
         AdminService(ops.admin, ops.usage, ops.queue, ops.services, ops.audit, ops.pki),

@@ -51,6 +51,8 @@ class NodeOps:
         self.audit = audit
         # node id -> how its agent authenticated at its last call here (describe_identity)
         self.agent_identities: dict[str, str] = {}
+        # node id -> the telemetry collectors its agent reported at its last heartbeat
+        self.telemetry_sources: dict[str, str] = {}
 
     # --- reads ----------------------------------------------------------------------
 
@@ -67,15 +69,24 @@ class NodeOps:
                 ) from None
         found = self.quorum.read(queries.nodes, wanted)
         for n in found:  # copies: filling them in changes no state
-            n.agent_identity = self.agent_identities.get(n.id, "")
+            self._fill(n)
         return found
 
     def get(self, who: Identity, node_id: str) -> Node:
         n = self.quorum.read(queries.node, node_id)
         if n is None:
             raise NotFound(f"node {node_id} not found", hint="List nodes with `lattice nodes`.")
-        n.agent_identity = self.agent_identities.get(n.id, "")
+        self._fill(n)
         return n
+
+    def _fill(self, n: Node) -> None:
+        """What this member knows of the node's agent (never committed state)."""
+        n.agent_identity = self.agent_identities.get(n.id, "")
+        n.telemetry = self.telemetry_sources.get(n.id, "")
+
+    def note_telemetry(self, node_id: str, sources: list[str]) -> None:
+        """The collectors a heartbeat says the agent uses (shown by `lattice nodes ID`)."""
+        self.telemetry_sources[node_id] = ", ".join(sorted(sources)) or "none"
 
     def bind_agent(self, who: Identity, node_id: str) -> None:
         """Refuse a node certificate used for another node; note how the agent

@@ -14,6 +14,7 @@ from lattice_api.rest import (
     attach,
     audit,
     cache,
+    compare,
     dags,
     launches,
     metrics,
@@ -23,6 +24,7 @@ from lattice_api.rest import (
     queue,
     services,
     sessions,
+    telemetry,
     usage,
 )
 from lattice_api.rest import auth as auth_routes
@@ -40,6 +42,8 @@ def build_rest_app(ops: Operations, auth: Authenticator) -> web.Application:
         allocations,
         launches,
         metrics,
+        compare,
+        telemetry,
         attach,
         dags,
         sessions,

@@ -2,7 +2,8 @@
 
 Lines come from the node's agent while it runs and from the log store afterwards (or
 when the node is gone); ``--since``/``--until`` keep the lines whose capture time falls
-in the window, ``--node`` one node's lines.
+in the window, ``--node`` one node's lines, both applied by the server (``--tail`` then
+counts within them).
 """
 
 from __future__ import annotations
@@ -56,19 +57,6 @@ def logs(
     fmt = st.output(output)
     t_since = parse_when(since, "since")
     t_until = parse_when(until, "until")
-    windowed = t_since is not None or t_until is not None
-
-    def when(line: Any) -> float | None:
-        try:
-            return float(line.timestamp)
-        except (TypeError, ValueError):
-            return None
-
-    def in_window(line: Any) -> bool:
-        ts = when(line)
-        if ts is None:
-            return not windowed
-        return (t_since is None or ts >= t_since) and (t_until is None or ts <= t_until)
 
     stream = "both"
     if stderr_only and not stdout_only:
@@ -91,25 +79,16 @@ def logs(
         print(text, file=target, flush=follow)
 
     async def go(client: Any) -> None:
-        # the window is applied here (the server's ?since=&until= is not in the SDK yet),
-        # so --tail then counts within it
+        # the server filters (stream, node, the --since/--until window) and then takes
+        # the last --tail lines of what is left
+        window = {"node": node, "since": t_since, "until": t_until}
         if follow:
             alloc = await client.status(alloc_id)  # also a clear 404 before streaming
             many = len(alloc.assigned_nodes) > 1 or (alloc.spec.nodes or 1) > 1
-            async for line in client.stream_logs(alloc_id, tail=None if windowed else tail):
-                ts = when(line)
-                if t_until is not None and ts is not None and ts > t_until:
-                    return  # past the window: nothing later can fall into it
-                if in_window(line):
-                    show(line, many and not node)
+            async for line in client.stream_logs(alloc_id, tail=tail, stream=stream, **window):
+                show(line, many and not node)
             return
-        lines = await client.logs(alloc_id, tail=None if windowed else tail, stream=stream)
-        if windowed:
-            lines = [line for line in lines if in_window(line)]
-            if node:
-                lines = [line for line in lines if line.node_id == node]
-            if tail is not None:
-                lines = lines[-tail:] if tail > 0 else []
+        lines = await client.logs(alloc_id, tail=tail, stream=stream, **window)
         many = len({line.node_id for line in lines if line.node_id}) > 1
         for line in lines:
             show(line, many and not node)

@@ -17,6 +17,10 @@ collection and reverts to the node's default (``telemetry.mode``, prod) after ``
 the prod aggregates continue, so dashboards and the scheduler's feedback keep their
 resolution-independent series. Audit mode aggregates as prod does (its file-access events
 need the eBPF source).
+
+Every collection and every closed window also goes to :attr:`TelemetryLoop.hub`
+(:class:`~lattice_agent.telemetry.hub.MetricsHub`), which evaluates the threshold alerts
+(``telemetry.alert_rules``) and feeds live watchers (``lattice watch``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from typing import TYPE_CHECKING
 from prometheus_client import Gauge, Histogram
 
 from lattice_agent.telemetry.aggregate import Windows, raw_samples
+from lattice_agent.telemetry.alerts import DEFAULT_RULES, AlertRule, rules_from_config
 from lattice_agent.telemetry.ebpf import ebpf_source
+from lattice_agent.telemetry.hub import MetricsHub
 from lattice_agent.telemetry.proc import ProcCollector
 from lattice_agent.telemetry.push import VictoriaPusher
 from lattice_agent.telemetry.samples import (
@@ -124,6 +130,10 @@ class ModeTable:
         entry = self._modes.get(alloc_id)
         return entry[1] if entry is not None else None
 
+    def forget(self, alloc_id: str) -> None:
+        """The allocation left the node: its mode goes with it."""
+        self._modes.pop(alloc_id, None)
+
     def expire(self, now: float) -> None:
         for alloc_id in list(self._modes):
             self.get(alloc_id, now)
@@ -144,7 +154,10 @@ class TelemetryLoop:
         mode: str = MODE_PROD,
         debug_seconds: float = 1800.0,
         clock: Callable[[], float] = time.time,
+        alert_rules: Sequence[AlertRule] = DEFAULT_RULES,
     ) -> None:
+        # live watchers (NodeAgentService.StreamMetrics) and the threshold alerts
+        self.hub = MetricsHub(alert_rules)
         self._targets = targets
         self.sources = list(sources)
         self.pusher = pusher
@@ -203,12 +216,14 @@ class TelemetryLoop:
         live = {t.alloc_id for t in targets}
         for gone in self._known - live:
             self._latest.pop(gone, None)
+            self.modes.forget(gone)
             for src in self.sources:
                 with contextlib.suppress(Exception):
                     src.forget(gone)
         self._known = live
         at = self._clock()
         self.modes.expire(at)
+        self.hub.sync(live, at)
         samples: list[Sample] = []
         if targets:
             t0 = time.perf_counter()
@@ -221,10 +236,14 @@ class TelemetryLoop:
                 reading = Reading(t.labels, at, v)
                 self._latest[t.alloc_id] = reading
                 self.windows.add(reading)
-                if self.modes.get(t.alloc_id, at) == MODE_DEBUG:
+                mode = self.modes.get(t.alloc_id, at)
+                if mode == MODE_DEBUG:
                     samples.extend(raw_samples(reading))
+                self.hub.reading(reading, mode)  # alerts, live watchers
         closed = self.windows.close(self._clock(), lag=_CLOSE_LAG)
         samples.extend(closed)
+        if closed:
+            self.hub.windows(closed, self.windows.window)
         if self.pusher is not None and samples:
             self.pusher.offer(samples)
             if closed:  # a window's summaries go out at once, raw samples at the interval
@@ -302,11 +321,17 @@ def telemetry_loop(
 ) -> TelemetryLoop:
     """The loop the agent runs, from the ``telemetry`` config section: the /proc + cgroup
     source, and the eBPF one after it where :func:`~lattice_agent.telemetry.ebpf.probe`
-    says it can run, unless ``sources`` are given; a pusher when ``tsdb_endpoint`` is set."""
+    says it can run and a TSDB is configured (loading bcc costs ~120 MB and a compile per
+    agent: not worth it where nothing keeps the series), unless ``sources`` are given; a
+    pusher when ``tsdb_endpoint`` is set."""
     if sources is not None:
         srcs = list(sources)
     else:
-        ebpf = ebpf_source(on_state=lambda ok: SOURCE.labels("ebpf").set(1 if ok else 0))
+        ebpf = (
+            ebpf_source(on_state=lambda ok: SOURCE.labels("ebpf").set(1 if ok else 0))
+            if config.tsdb_endpoint
+            else None
+        )
         srcs = [ProcCollector(cgroups), *([ebpf] if ebpf is not None else [])]
         if ebpf is None:
             SOURCE.labels("ebpf").set(0)
@@ -318,4 +343,5 @@ def telemetry_loop(
         window_seconds=config.aggregation_window_seconds,
         mode=config.mode,
         debug_seconds=config.debug_auto_revert_seconds,
+        alert_rules=rules_from_config(config.alert_rules),
     )

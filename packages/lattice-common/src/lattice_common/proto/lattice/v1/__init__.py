@@ -32,8 +32,11 @@ __all__ = (
     "CertificateAuthority",
     "CheckpointRequest",
     "CheckpointResponse",
+    "CompareAllocation",
     "CompareMetricsRequest",
     "CompareMetricsResponse",
+    "ComparePoint",
+    "CompareSeries",
     "CostWeights",
     "CreateBackupRequest",
     "CreateSessionRequest",
@@ -112,6 +115,7 @@ __all__ = (
     "LookupServiceResponse",
     "MemoryDomain",
     "MemoryInterconnect",
+    "MetricAlert",
     "MetricComparison",
     "MetricSample",
     "MetricsSnapshot",
@@ -146,6 +150,7 @@ __all__ = (
     "RestoreBackupResponse",
     "ServiceEndpoint",
     "Session",
+    "SetTelemetryModeRequest",
     "SignNodeCertificateRequest",
     "StartEstimate",
     "StateEvent",
@@ -155,6 +160,7 @@ __all__ = (
     "SubmitResponse",
     "SyncAck",
     "TaskGroupSpec",
+    "TelemetryModeResponse",
     "Tenant",
     "TenantUsage",
     "TerminalSize",
@@ -1142,15 +1148,60 @@ default_message_pool.register_message("lattice.v1", "CheckpointResponse", Checkp
 
 
 @dataclass(eq=False, repr=False)
+class CompareAllocation(betterproto2.Message):
+    """
+    One compared allocation: where its t=0 is.
+    """
+
+    allocation_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    allocation id
+    """
+
+    state: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    the allocation's state
+    """
+
+    started_at: "float" = betterproto2.field(3, betterproto2.TYPE_DOUBLE)
+    """
+    t=0 (epoch seconds)
+    """
+
+    finished_at: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
+    """
+    when it ended; 0 = still running
+    """
+
+
+default_message_pool.register_message("lattice.v1", "CompareAllocation", CompareAllocation)
+
+
+@dataclass(eq=False, repr=False)
 class CompareMetricsRequest(betterproto2.Message):
     allocation_ids: "list[str]" = betterproto2.field(1, betterproto2.TYPE_STRING, repeated=True)
     """
-    two or more allocations
+    two or more allocations (at most 16), each started; the first is the baseline
     """
 
     metrics: "list[str]" = betterproto2.field(2, betterproto2.TYPE_STRING, repeated=True)
     """
-    metric names; empty = the default set
+    metric names (user metrics catalog); empty = gpu_utilization, cpu_utilization, memory_used
+    """
+
+    duration_seconds: "float" = betterproto2.field(3, betterproto2.TYPE_DOUBLE)
+    """
+    offsets 0..duration from each allocation's start; 0 = the longest run (at most 31 days)
+    """
+
+    step_seconds: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
+    """
+    spacing of the points, at least the agents' window (30 s); 0 = automatic
+    """
+
+    align: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    "relative" ("" = this): t=0 is each allocation's started_at
     """
 
 
@@ -1166,10 +1217,102 @@ class CompareMetricsResponse(betterproto2.Message):
     one per metric
     """
 
+    allocations: "list[CompareAllocation]" = betterproto2.field(
+        2, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    the compared allocations, in request order
+    """
+
+    duration_seconds: "float" = betterproto2.field(3, betterproto2.TYPE_DOUBLE)
+    """
+    offsets shown: 0..duration
+    """
+
+    step_seconds: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
+    """
+    spacing of the points
+    """
+
+    align: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    "relative"
+    """
+
+    resolution_seconds: "float" = betterproto2.field(6, betterproto2.TYPE_DOUBLE)
+    """
+    the data's resolution (the agents' aggregation window)
+    """
+
 
 default_message_pool.register_message(
     "lattice.v1", "CompareMetricsResponse", CompareMetricsResponse
 )
+
+
+@dataclass(eq=False, repr=False)
+class ComparePoint(betterproto2.Message):
+    """
+    One point of an aligned series: seconds since the allocation started, and the value.
+    """
+
+    t_offset_seconds: "float" = betterproto2.field(1, betterproto2.TYPE_DOUBLE)
+    """
+    seconds since started_at (a multiple of the step)
+    """
+
+    value: "float" = betterproto2.field(2, betterproto2.TYPE_DOUBLE)
+    """
+    the metric over the step ending there, combined across nodes
+    """
+
+
+default_message_pool.register_message("lattice.v1", "ComparePoint", ComparePoint)
+
+
+@dataclass(eq=False, repr=False)
+class CompareSeries(betterproto2.Message):
+    """
+    One allocation's series of one metric, aligned to its start, with its summary.
+    """
+
+    allocation_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    allocation id
+    """
+
+    points: "list[ComparePoint]" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    in offset order; empty = no data
+    """
+
+    mean: "float | None" = betterproto2.field(3, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    mean of the points; unset = no data
+    """
+
+    max: "float | None" = betterproto2.field(4, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    largest point
+    """
+
+    final: "float | None" = betterproto2.field(5, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    the last point's value
+    """
+
+    delta: "float | None" = betterproto2.field(6, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    mean minus the first allocation's mean
+    """
+
+    ratio: "float | None" = betterproto2.field(7, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    mean divided by the first allocation's mean; unset when that is 0 or missing
+    """
+
+
+default_message_pool.register_message("lattice.v1", "CompareSeries", CompareSeries)
 
 
 @dataclass(eq=False, repr=False)
@@ -1895,6 +2038,16 @@ class GetLogsRequest(betterproto2.Message):
     skip this many lines (paging)
     """
 
+    since: "float | None" = betterproto2.field(7, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    only lines captured at or after this time (epoch seconds); unset = from the start
+    """
+
+    until: "float | None" = betterproto2.field(8, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    only lines captured at or before this time (epoch seconds); unset = to the end
+    """
+
 
 default_message_pool.register_message("lattice.v1", "GetLogsRequest", GetLogsRequest)
 
@@ -2150,6 +2303,11 @@ class HealthSummary(betterproto2.Message):
     conformance_fingerprint: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
     """
     hash of the node's software/firmware stack (conformance group); "" = not reported
+    """
+
+    telemetry_sources: "list[str]" = betterproto2.field(8, betterproto2.TYPE_STRING, repeated=True)
+    """
+    collectors in use: proc (the /proc + cgroup fallback), ebpf, nvml
     """
 
 
@@ -3039,6 +3197,76 @@ default_message_pool.register_message("lattice.v1", "MemoryInterconnect", Memory
 
 
 @dataclass(eq=False, repr=False)
+class MetricAlert(betterproto2.Message):
+    """
+    A threshold alert raised by a node agent (spec: Alert Generation).
+    """
+
+    rule: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    rule name (telemetry.alert_rules), e.g. "gpu_idle"
+    """
+
+    metric: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    the metric the rule watches, e.g. "gpu_utilization"
+    """
+
+    node_id: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    the node it was raised on
+    """
+
+    state: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+    """
+    "firing" | "resolved"
+    """
+
+    value: "float" = betterproto2.field(5, betterproto2.TYPE_DOUBLE)
+    """
+    the metric's value when the alert fired (resolved: when it cleared; NaN: gone)
+    """
+
+    comparison: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+    """
+    "<" | ">"
+    """
+
+    threshold: "float" = betterproto2.field(7, betterproto2.TYPE_DOUBLE)
+    """
+    the rule's threshold, in the metric's unit
+    """
+
+    for_seconds: "float" = betterproto2.field(8, betterproto2.TYPE_DOUBLE)
+    """
+    how long the condition must hold before the alert fires
+    """
+
+    since: "float" = betterproto2.field(9, betterproto2.TYPE_DOUBLE)
+    """
+    when the condition started to hold
+    """
+
+    timestamp: "float" = betterproto2.field(10, betterproto2.TYPE_DOUBLE)
+    """
+    when the alert fired or resolved
+    """
+
+    severity: "str" = betterproto2.field(11, betterproto2.TYPE_STRING)
+    """
+    "warning" | "critical"
+    """
+
+    message: "str" = betterproto2.field(12, betterproto2.TYPE_STRING)
+    """
+    human-readable, e.g. "GPU utilization below 10% for 60 s (potential hang)"
+    """
+
+
+default_message_pool.register_message("lattice.v1", "MetricAlert", MetricAlert)
+
+
+@dataclass(eq=False, repr=False)
 class MetricComparison(betterproto2.Message):
     """
     One metric across the compared allocations.
@@ -3060,7 +3288,17 @@ class MetricComparison(betterproto2.Message):
         map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_DOUBLE),
     )
     """
-    allocation id -> value
+    allocation id -> mean (allocations with data)
+    """
+
+    combine: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+    """
+    how nodes and GPUs are combined: "avg" | "sum" | "max"
+    """
+
+    series: "list[CompareSeries]" = betterproto2.field(5, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    one per allocation, in request order
     """
 
 
@@ -3165,6 +3403,32 @@ class MetricsSnapshot(betterproto2.Message):
     node_ids: "list[str]" = betterproto2.field(10, betterproto2.TYPE_STRING, repeated=True)
     """
     the nodes that reported within the duration
+    """
+
+    node_id: "str" = betterproto2.field(11, betterproto2.TYPE_STRING)
+    """
+    StreamMetrics (one message per node and event; QueryMetrics leaves these empty):
+
+    the node the message is from
+    """
+
+    event: "str" = betterproto2.field(12, betterproto2.TYPE_STRING)
+    """
+    "metrics" (values: the window's means in prod/audit mode, one collection in debug),
+    "alert" (alert_events fired or resolved), "mode" (the node's telemetry mode changed),
+    "node_lost" (the node's stream broke: alerts says why), "node_back", "end"
+    """
+
+    alert_events: "list[MetricAlert]" = betterproto2.field(
+        13, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    "alert": what changed; "metrics": the active ones
+    """
+
+    mode_until: "float" = betterproto2.field(14, betterproto2.TYPE_DOUBLE)
+    """
+    when telemetry_mode reverts to the default; 0 = it does not
     """
 
 
@@ -3284,6 +3548,12 @@ class Node(betterproto2.Message):
     How its agent authenticated at its last call, as the API member answering saw it:
     spiffe | quorum-ca | bootstrap | token | none, with the certificate's serial and
     expiry (leader memory, never committed)
+    """
+
+    telemetry: "str" = betterproto2.field(27, betterproto2.TYPE_STRING)
+    """
+    Telemetry collectors its agent reported at its last heartbeat (e.g. "ebpf, proc"),
+    as the API member answering saw it (leader memory, never committed)
     """
 
 
@@ -4010,6 +4280,29 @@ default_message_pool.register_message("lattice.v1", "Session", Session)
 
 
 @dataclass(eq=False, repr=False)
+class SetTelemetryModeRequest(betterproto2.Message):
+    allocation_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    allocation id
+    """
+
+    mode: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    prod | debug | audit
+    """
+
+    duration_seconds: "float" = betterproto2.field(3, betterproto2.TYPE_DOUBLE)
+    """
+    how long; 0 = debug: the node's default, others: until changed
+    """
+
+
+default_message_pool.register_message(
+    "lattice.v1", "SetTelemetryModeRequest", SetTelemetryModeRequest
+)
+
+
+@dataclass(eq=False, repr=False)
 class SignNodeCertificateRequest(betterproto2.Message):
     node_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -4144,6 +4437,11 @@ class StreamMetricsRequest(betterproto2.Message):
     interval_seconds: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
     """
     push period; 0 = server default
+    """
+
+    alerts_only: "bool" = betterproto2.field(5, betterproto2.TYPE_BOOL)
+    """
+    only alerts (and nodes dropping out): no metric snapshots (`lattice watch --alerts-only`)
     """
 
 
@@ -4285,6 +4583,37 @@ class TaskGroupSpec(betterproto2.Message):
 
 
 default_message_pool.register_message("lattice.v1", "TaskGroupSpec", TaskGroupSpec)
+
+
+@dataclass(eq=False, repr=False)
+class TelemetryModeResponse(betterproto2.Message):
+    node_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    this node
+    """
+
+    allocation_id: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    allocation id
+    """
+
+    mode: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    the mode now in force
+    """
+
+    until: "float" = betterproto2.field(4, betterproto2.TYPE_DOUBLE)
+    """
+    when it reverts to default_mode; 0 = it does not
+    """
+
+    default_mode: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    the node's default (telemetry.mode)
+    """
+
+
+default_message_pool.register_message("lattice.v1", "TelemetryModeResponse", TelemetryModeResponse)
 
 
 @dataclass(eq=False, repr=False)
@@ -4481,6 +4810,12 @@ class UpdateAllocationRequest(betterproto2.Message):
     preemption_class: "int | None" = betterproto2.field(6, betterproto2.TYPE_INT32, optional=True)
     """
     unset = unchanged
+    """
+
+    telemetry_duration_seconds: "float" = betterproto2.field(7, betterproto2.TYPE_DOUBLE)
+    """
+    with telemetry_mode: how long it lasts before the nodes revert to the default mode;
+    0 = debug: telemetry.debug_auto_revert_seconds (30 min), other modes: until changed
     """
 
 
@@ -6127,6 +6462,56 @@ class NodeAgentServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def stream_metrics(
+        self,
+        message: "StreamMetricsRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "AsyncIterator[MetricsSnapshot]":
+        """
+        An allocation's live metrics on this node (`lattice watch`; the API fans these in):
+        first the latest collection with the active alerts, then one snapshot per
+        aggregation window (the window's means) in prod and audit mode or one per 1 s
+        collection in debug mode, "mode" when the allocation's telemetry mode changes,
+        "alert" as threshold alerts fire and resolve, "end" when the allocation leaves the
+        node. NOT_FOUND when the allocation is not on this node.
+        """
+
+        async for response in self._unary_stream(
+            "/lattice.v1.NodeAgentService/StreamMetrics",
+            message,
+            MetricsSnapshot,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
+    async def set_telemetry_mode(
+        self,
+        message: "SetTelemetryModeRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "TelemetryModeResponse":
+        """
+        Switch an allocation's telemetry mode on this node from the next collection on;
+        with a duration (debug: always, default telemetry.debug_auto_revert_seconds) it
+        reverts to the node's default afterwards. NOT_FOUND when the allocation is not here.
+        """
+
+        return await self._unary_unary(
+            "/lattice.v1.NodeAgentService/SetTelemetryMode",
+            message,
+            TelemetryModeResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class NodeServiceStub(betterproto2_grpclib.ServiceStub):
     async def list_nodes(
@@ -7605,6 +7990,32 @@ class NodeAgentServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def stream_metrics(
+        self, message: "StreamMetricsRequest"
+    ) -> "AsyncIterator[MetricsSnapshot]":
+        """
+        An allocation's live metrics on this node (`lattice watch`; the API fans these in):
+        first the latest collection with the active alerts, then one snapshot per
+        aggregation window (the window's means) in prod and audit mode or one per 1 s
+        collection in debug mode, "mode" when the allocation's telemetry mode changes,
+        "alert" as threshold alerts fire and resolve, "end" when the allocation leaves the
+        node. NOT_FOUND when the allocation is not on this node.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield MetricsSnapshot()
+
+    async def set_telemetry_mode(
+        self, message: "SetTelemetryModeRequest"
+    ) -> "TelemetryModeResponse":
+        """
+        Switch an allocation's telemetry mode on this node from the next collection on;
+        with a duration (debug: always, default telemetry.debug_auto_revert_seconds) it
+        reverts to the node's default afterwards. NOT_FOUND when the allocation is not here.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_sync_desired_state(
         self, stream: "grpclib.server.Stream[DesiredState, SyncAck]"
     ) -> None:
@@ -7691,6 +8102,25 @@ class NodeAgentServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.cache_evict(request)
         await stream.send_message(response)
 
+    async def __rpc_stream_metrics(
+        self, stream: "grpclib.server.Stream[StreamMetricsRequest, MetricsSnapshot]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        await self._call_rpc_handler_server_stream(
+            self.stream_metrics,
+            stream,
+            request,
+        )
+
+    async def __rpc_set_telemetry_mode(
+        self, stream: "grpclib.server.Stream[SetTelemetryModeRequest, TelemetryModeResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.set_telemetry_mode(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/lattice.v1.NodeAgentService/SyncDesiredState": grpclib.const.Handler(
@@ -7752,6 +8182,18 @@ class NodeAgentServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 CacheImageRequest,
                 CacheEvictResponse,
+            ),
+            "/lattice.v1.NodeAgentService/StreamMetrics": grpclib.const.Handler(
+                self.__rpc_stream_metrics,
+                grpclib.const.Cardinality.UNARY_STREAM,
+                StreamMetricsRequest,
+                MetricsSnapshot,
+            ),
+            "/lattice.v1.NodeAgentService/SetTelemetryMode": grpclib.const.Handler(
+                self.__rpc_set_telemetry_mode,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                SetTelemetryModeRequest,
+                TelemetryModeResponse,
             ),
         }
 
