@@ -145,6 +145,18 @@ def test_array_and_dependency_forms_lattice_cannot_keep_are_errors(line: str, te
     assert text in e.value.message and e.value.hint
 
 
+def test_lattice_dependency_directive_as_the_submit_flag():
+    opts = parse_script("#LATTICE --dependency=afterok:a1:b2\n")
+    assert depends_on_of(opts.dependency or "", "job") == [
+        {"ref": "a1", "condition": "success"},
+        {"ref": "b2", "condition": "success"},
+    ]
+    assert parse_script("#LATTICE -d afterany:c3\n").dependency == "afterany:c3"
+    with pytest.raises(DirectiveError) as e:
+        parse_script("#!/bin/sh\n#LATTICE --dependency=after:5\n")
+    assert e.value.line == 2 and "#LATTICE --dependency=after:5" in e.value.message
+
+
 def test_unknown_lattice_directive_is_an_error():
     with pytest.raises(DirectiveError) as info:
         parse_script("#!/bin/sh\n#LATTICE --frobnicate=1\n")

@@ -131,6 +131,8 @@ _LATTICE_OPTS: dict[str, str] = {
     "--view": "view",
     "--image": "image",
     "--chdir": "submit_dir",
+    "--dependency": "dependency",
+    "-d": "dependency",
 }
 
 # #SBATCH options translated, by Slurm name.
@@ -305,6 +307,9 @@ def _apply_lattice(opts: SubmitOptions, option: str, value: str | None, line: in
             opts.requeue = parse_requeue(value)
         elif setting == "max_requeue":
             opts.max_requeue = parse_positive_int(value, "max requeue", minimum=0)
+        elif setting == "dependency":
+            check_dependency(value, f"#LATTICE {option}")
+            opts.dependency = value
         else:
             setattr(opts, setting, text_value(value, option))
     except DirectiveError as exc:
