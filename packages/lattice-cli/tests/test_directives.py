@@ -151,7 +151,7 @@ def test_lattice_dependency_directive_as_the_submit_flag():
         {"ref": "a1", "condition": "success"},
         {"ref": "b2", "condition": "success"},
     ]
-    assert parse_script("#LATTICE -d afterany:c3\n").dependency == "afterany:c3"
+    assert parse_script("#LATTICE --dependency afterany:c3\n").dependency == "afterany:c3"
     with pytest.raises(DirectiveError) as e:
         parse_script("#!/bin/sh\n#LATTICE --dependency=after:5\n")
     assert e.value.line == 2 and "#LATTICE --dependency=after:5" in e.value.message

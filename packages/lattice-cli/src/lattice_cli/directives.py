@@ -132,7 +132,6 @@ _LATTICE_OPTS: dict[str, str] = {
     "--image": "image",
     "--chdir": "submit_dir",
     "--dependency": "dependency",
-    "-d": "dependency",
 }
 
 # #SBATCH options translated, by Slurm name.
