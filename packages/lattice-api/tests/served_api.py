@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import aiohttp
 import grpclib
@@ -15,7 +16,9 @@ from grpclib.client import Channel
 from lattice_api.auth import Role
 from lattice_common.proto.lattice import v1
 from lattice_common.types import AllocationSpec, AllocationState
-from lattice_test_harness.local_api import LocalApi
+from lattice_test_harness.local_api import LocalApi, serve_local_api
+
+T = TypeVar("T")
 
 SECRET = "adapter-test-secret-that-is-long-enough!"
 AGENT_TOKEN = "agent-token-adapters-0123456789"
@@ -120,3 +123,22 @@ class World:
             user=user,
             walltime_seconds=3600,
         )
+
+
+async def serve_seeded(
+    seed: Callable[[LocalApi], T], **settings: Any
+) -> AsyncIterator[tuple[LocalApi, T, Rest, Channel]]:
+    """The secured server (signed tokens, agent token) with ``settings`` (ApiSettings
+    fields), ``seed(api)`` run on it, a REST client and a gRPC channel."""
+    from lattice_api.settings import ApiSettings
+
+    async with serve_local_api(
+        hmac_secret=SECRET, agent_token=AGENT_TOKEN, settings=ApiSettings(**settings)
+    ) as api:
+        seeded = seed(api)
+        channel = api.channel()
+        async with aiohttp.ClientSession() as session:
+            try:
+                yield api, seeded, Rest(session, api.rest_url), channel
+            finally:
+                channel.close()

@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import grpclib
 import jwt
 import pytest
@@ -39,7 +38,6 @@ from lattice_api.ops.compare import (
     versus,
 )
 from lattice_api.ops.metrics import MetricsOps
-from lattice_api.settings import ApiSettings
 from lattice_api.tsdb import RangeSeries
 from lattice_common.config import RateLimitConfig
 from lattice_common.errors import FailedPrecondition, NotFound, PermissionDenied, ValidationError
@@ -52,8 +50,8 @@ from lattice_common.types import (
     VCluster,
 )
 from lattice_test_harness import victoria
-from lattice_test_harness.local_api import LocalApi, serve_local_api
-from served_api import AGENT_TOKEN, ROLE_CLAIMS, SECRET, Grpc, Rest, bearer
+from lattice_test_harness.local_api import LocalApi
+from served_api import ROLE_CLAIMS, SECRET, Grpc, Rest, bearer, serve_seeded
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -263,17 +261,8 @@ class Runs:
 Served = tuple[LocalApi, Runs, Rest, Any]
 
 
-async def _serve(vm: Any, **settings: Any) -> AsyncIterator[Served]:
-    async with serve_local_api(
-        hmac_secret=SECRET, agent_token=AGENT_TOKEN, settings=ApiSettings(**settings)
-    ) as api:
-        runs = Runs(api, vm)
-        channel = api.channel()
-        async with aiohttp.ClientSession() as session:
-            try:
-                yield api, runs, Rest(session, api.rest_url), channel
-            finally:
-                channel.close()
+def _serve(vm: Any, **settings: Any) -> AsyncIterator[Served]:
+    return serve_seeded(lambda api: Runs(api, vm), **settings)
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
-import aiohttp
 import grpclib
 import jwt
 import pytest
@@ -39,7 +38,6 @@ from lattice_api.ops.metrics import (
     select_metrics,
     value_queries,
 )
-from lattice_api.settings import ApiSettings
 from lattice_api.tsdb import (
     Series,
     TsdbClient,
@@ -57,8 +55,8 @@ from lattice_common.errors import LatticeError, Unavailable, ValidationError
 from lattice_common.proto.lattice import v1
 from lattice_common.types import Allocation, AllocationSpec, AllocationState
 from lattice_test_harness import victoria
-from lattice_test_harness.local_api import LocalApi, serve_local_api
-from served_api import AGENT_TOKEN, ROLE_CLAIMS, SECRET, Grpc, Rest, bearer
+from lattice_test_harness.local_api import LocalApi
+from served_api import ROLE_CLAIMS, SECRET, Grpc, Rest, bearer, serve_seeded
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -442,17 +440,8 @@ def _closed_port() -> int:
 Served = tuple[LocalApi, Seeded, Rest, Any]
 
 
-async def _serve(vm: Any, **settings: Any) -> AsyncIterator[Served]:
-    async with serve_local_api(
-        hmac_secret=SECRET, agent_token=AGENT_TOKEN, settings=ApiSettings(**settings)
-    ) as api:
-        seeded = Seeded(api, vm)
-        channel = api.channel()
-        async with aiohttp.ClientSession() as session:
-            try:
-                yield api, seeded, Rest(session, api.rest_url), channel
-            finally:
-                channel.close()
+def _serve(vm: Any, **settings: Any) -> AsyncIterator[Served]:
+    return serve_seeded(lambda api: Seeded(api, vm), **settings)
 
 
 @pytest.fixture

@@ -59,6 +59,21 @@ def _seg(value: str) -> str:
     return quote(str(value), safe="")
 
 
+def _log_params(
+    tail: int | None, stream: str, node: str | None, since: Any, until: Any
+) -> dict[str, Any]:
+    """The query of a log read or stream (``stream`` "both" is the server's default)."""
+    if stream not in ("stdout", "stderr", "both"):
+        raise ValueError(f"stream must be stdout, stderr or both, not {stream!r}")
+    return {
+        "tail": tail,
+        "stream": None if stream == "both" else stream,
+        "node": node or None,
+        "since": _log_time(since, "since"),
+        "until": _log_time(until, "until"),
+    }
+
+
 def _log_time(value: Any, name: str) -> str | None:
     """A log window's bound (epoch seconds, a datetime (naive = UTC) or an RFC 3339
     string) as the server reads it."""
@@ -345,14 +360,9 @@ class LatticeClient:
         string); ``tail`` the last N of what is left; then ``offset``/``limit`` page
         through it. Returns a list of :class:`LogLine` whose ``truncated`` is true when
         ``limit`` cut lines off (ask again with ``offset`` advanced)."""
-        if stream not in ("stdout", "stderr", "both"):
-            raise ValueError(f"stream must be stdout, stderr or both, not {stream!r}")
         params = {
-            "tail": tail,
+            **_log_params(tail, stream, node, since, until),
             "stream": stream,
-            "node": node or None,
-            "since": _log_time(since, "since"),
-            "until": _log_time(until, "until"),
             "offset": offset or None,
             "limit": limit,
         }
@@ -375,15 +385,7 @@ class LatticeClient:
         allocation has ended and its output is drained. ``node``, ``since`` and
         ``until`` filter on the server, as in :meth:`logs` (with ``until`` in the past
         the stream ends once the window is read)."""
-        if stream not in ("stdout", "stderr", "both"):
-            raise ValueError(f"stream must be stdout, stderr or both, not {stream!r}")
-        params = {
-            "tail": tail,
-            "stream": None if stream == "both" else stream,
-            "node": node or None,
-            "since": _log_time(since, "since"),
-            "until": _log_time(until, "until"),
-        }
+        params = _log_params(tail, stream, node, since, until)
         async for item in self._ndjson(f"/allocations/{_seg(alloc_id)}/logs/stream", params):
             _raise_inline_error(item)
             yield LogLine.from_dict(item)

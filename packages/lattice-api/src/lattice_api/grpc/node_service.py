@@ -102,16 +102,19 @@ class NodeService(v1.NodeServiceBase):
         return v1.RegisterNodeResponse(node=to_message(node, v1.Node))
 
     async def heartbeat(self, message: v1.HeartbeatRequest) -> v1.HeartbeatResponse:
-        self.ops.bind_agent(who(), message.node_id)  # on followers too
-        if message.health is not None:
-            self.ops.note_telemetry(message.node_id, message.health.telemetry_sources)
         hint = self.ops.leader_hint()
         if hint is not None:  # agents follow the hint to the leader
+            self.ops.bind_agent(who(), message.node_id)  # followers check the node too
             return v1.HeartbeatResponse(leader_hint=hint)
         reports = [from_message(r, AllocationReport) for r in message.allocations]
-        fingerprint = message.health.conformance_fingerprint if message.health else ""
+        health = message.health
         out = await self.ops.heartbeat(
-            who(), message.node_id, message.sequence, reports, fingerprint
+            who(),
+            message.node_id,
+            message.sequence,
+            reports,
+            health.conformance_fingerprint if health else "",
+            telemetry_sources=list(health.telemetry_sources) if health else None,
         )
         gen, _ = self.ops.desired_for(message.node_id)
         return v1.HeartbeatResponse(generation=gen, reregister=bool(out.get("reregister")))

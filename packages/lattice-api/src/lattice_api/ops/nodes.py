@@ -168,9 +168,14 @@ class NodeOps:
         sequence: int,
         reports: list[AllocationReport],
         fingerprint: str = "",
+        *,
+        telemetry_sources: list[str] | None = None,
     ) -> dict[str, object]:
-        """What the agent should know (accepted? re-register?); NotLeader on a follower."""
+        """What the agent should know (accepted? re-register?); NotLeader on a follower.
+        ``telemetry_sources``: the collectors the agent reported (None: not reported)."""
         self.bind_agent(who, node_id)
+        if telemetry_sources is not None:
+            self.note_telemetry(node_id, telemetry_sources)
         return await self.monitor.heartbeat(node_id, sequence, reports, fingerprint)
 
     def leader_hint(self) -> str | None:
