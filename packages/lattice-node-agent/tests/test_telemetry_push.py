@@ -54,7 +54,8 @@ async def test_windows_pushed_and_queried_back(vm: VictoriaMetrics) -> None:
     aid = _aid()
     labels = AllocLabels(aid, "node-007", "physics", "alice", "hpc")
     w = Windows(30)
-    end = (int(time.time()) // 30) * 30  # the window that ended last: in the past
+    # the window that ended last, at least the pusher's minimum age (1 s) in the past
+    end = ((int(time.time()) - 2) // 30) * 30
     for i in range(30):
         w.add(Reading(labels, end - 30 + i, {"cpu_utilization": 150.0 + i, "memory_used": 2e9}))
     samples = w.close(time.time(), lag=0)
