@@ -50,6 +50,7 @@ import re
 import signal
 import stat
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,6 +113,18 @@ def memory_reserve_bytes(capacity: int, percent: float = 5.0, min_bytes: int = G
     return max(int(capacity * percent / 100.0), int(min_bytes))
 
 
+def allocation_gpus(tags: Mapping[str, str]) -> frozenset[int] | None:
+    """The GPU indices an allocation was given (``tags["gpus"]``, comma-separated); None:
+    every GPU of the node (no tag, or one that does not parse)."""
+    text = tags.get("gpus", "").strip()
+    if not text:
+        return None
+    try:
+        return frozenset(int(g) for g in text.split(",") if g.strip())
+    except ValueError:
+        return None
+
+
 def limits_for(
     alloc: Allocation,
     *,
@@ -131,10 +144,7 @@ def limits_for(
     else:
         memory = None
     tags = spec.tags
-    gpus: frozenset[int] | None = None
-    if tags.get("gpus", "").strip():
-        with contextlib.suppress(ValueError):
-            gpus = frozenset(int(g) for g in tags["gpus"].split(",") if g.strip())
+    gpus = allocation_gpus(tags)
     return Limits(
         memory_bytes=memory,
         cpus=tags.get("cpuset") or None,

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from lattice_agent.telemetry.samples import AGGS, RAW, AllocLabels, Reading, Sample
+from lattice_agent.telemetry.samples import AGGS, RAW, AllocLabels, Reading, Sample, split_key
 
 __all__ = ["Windows", "percentile", "raw_samples", "summarize", "window_start"]
 
@@ -63,13 +63,13 @@ def _ms(t: float) -> int:
 
 def raw_samples(reading: Reading) -> list[Sample]:
     """Debug mode: one ``agg="raw"`` sample per value, at the collection time."""
-    labels = reading.labels.pairs(RAW)
     ts = _ms(reading.at)
-    return [
-        Sample(name, labels, float(v), ts)
-        for name, v in sorted(reading.values.items())
-        if math.isfinite(v)
-    ]
+    out = []
+    for key, v in sorted(reading.values.items()):
+        if math.isfinite(v):
+            name, extra = split_key(key)
+            out.append(Sample(name, reading.labels.pairs(RAW, extra), float(v), ts))
+    return out
 
 
 @dataclass
@@ -123,10 +123,11 @@ def _window_samples(w: _Window) -> Iterable[Sample]:
     ts = _ms(w.end)
     for aid in sorted(w.values):
         labels = w.labels[aid]
-        for name in sorted(w.values[aid]):
-            values = w.values[aid][name]
+        for key in sorted(w.values[aid]):
+            values = w.values[aid][key]
             if not values:
                 continue
             summary = summarize(values)
+            name, extra = split_key(key)
             for agg in AGGS:
-                yield Sample(name, labels.pairs(agg), summary[agg], ts)
+                yield Sample(name, labels.pairs(agg, extra), summary[agg], ts)

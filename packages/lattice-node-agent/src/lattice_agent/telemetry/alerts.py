@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from lattice_agent.telemetry.samples import split_key
+
 if TYPE_CHECKING:
     from lattice_common.config import TelemetryAlertRule
 
@@ -143,11 +145,37 @@ def _event(rule: AlertRule, state: str, value: float, since: float, at: float) -
     )
 
 
+#: how per-GPU series (``name{gpu=N}``) roll up to the allocation's value on this node
+GPU_ROLLUP = {
+    "gpu_utilization": "avg",
+    "gpu_memory_used": "sum",
+    "gpu_memory_total": "sum",
+    "gpu_power_draw": "sum",
+}
+
+
+def gpu_rollup(values: Mapping[str, float]) -> dict[str, float]:
+    """The allocation-wide value of each per-GPU series in :data:`GPU_ROLLUP` (mean
+    utilization, summed memory and power), where ``values`` has no such value itself."""
+    parts: dict[str, list[float]] = {}
+    for key, v in values.items():
+        name, extra = split_key(key)
+        if extra and name in GPU_ROLLUP and name not in values:
+            parts.setdefault(name, []).append(v)
+    return {
+        name: (sum(vs) / len(vs) if GPU_ROLLUP[name] == "avg" else sum(vs))
+        for name, vs in parts.items()
+    }
+
+
 def derived(values: Mapping[str, float]) -> dict[str, float]:
-    """``values`` with the ratios the default rules watch, where a source reported their
-    parts but not the ratio: ``gpu_memory_utilization`` = 100 x used / total,
-    ``network_error_rate`` = 100 x errors / packets (percent)."""
+    """``values`` with the allocation-wide GPU values (:func:`gpu_rollup`) and the ratios
+    the default rules watch, where a source reported their parts but not the ratio:
+    ``gpu_memory_utilization`` = 100 x used / total, ``network_error_rate`` = 100 x errors /
+    packets (percent)."""
     out = dict(values)
+    out.update(gpu_rollup(values))
+    values = out
     used, total = values.get("gpu_memory_used"), values.get("gpu_memory_total")
     if "gpu_memory_utilization" not in out and used is not None and total:
         out["gpu_memory_utilization"] = 100.0 * used / total

@@ -31,7 +31,7 @@ from lattice_agent.telemetry.alerts import (
     active,
     step,
 )
-from lattice_agent.telemetry.samples import Reading, Sample
+from lattice_agent.telemetry.samples import Reading, Sample, series_key
 
 log = logging.getLogger("lattice.agent.telemetry")
 
@@ -185,6 +185,7 @@ class MetricsHub:
             if labels.get("agg") != "mean" or aid not in self._subs:
                 continue
             if math.isfinite(s.value):
-                means.setdefault((aid, s.timestamp_ms), {})[s.name] = s.value
+                key = series_key(s.name, labels.get("gpu"))
+                means.setdefault((aid, s.timestamp_ms), {})[key] = s.value
         for (aid, ts), values in sorted(means.items(), key=lambda kv: kv[0][1]):
             self._publish(aid, Update(WINDOW, ts / 1000.0, values, window=window))

@@ -22,6 +22,7 @@ __all__ = [
     "AGGS",
     "CATALOG",
     "CPU_UTILIZATION",
+    "GPU_MEMORY_TOTAL",
     "GPU_MEMORY_USED",
     "GPU_POWER_DRAW",
     "GPU_UTILIZATION",
@@ -40,6 +41,8 @@ __all__ = [
     "Sample",
     "Source",
     "Target",
+    "series_key",
+    "split_key",
 ]
 
 # --- the User Metrics Catalog (what this agent may emit per allocation) -------------------
@@ -53,10 +56,11 @@ IO_WRITE_BYTES = "io_write_bytes"
 #: network throughput, bytes per second (only where attributable to the allocation)
 NETWORK_TX_BYTES = "network_tx_bytes"
 NETWORK_RX_BYTES = "network_rx_bytes"
-#: GPU series (only from a GPU source: NVML, later)
+#: GPU series (from the NVML source), one per GPU: label ``gpu`` (see :func:`series_key`)
 GPU_UTILIZATION = "gpu_utilization"
 GPU_MEMORY_USED = "gpu_memory_used"
 GPU_POWER_DRAW = "gpu_power_draw"
+GPU_MEMORY_TOTAL = "gpu_memory_total"
 
 CATALOG = (
     GPU_UTILIZATION,
@@ -96,9 +100,12 @@ class AllocLabels:
         spec = alloc.spec
         return cls(alloc.id, node_id, spec.tenant, spec.user, spec.vcluster)
 
-    def pairs(self, agg: str) -> tuple[tuple[str, str], ...]:
-        """The label pairs of a sample (sorted by name), ``agg`` included."""
-        return (
+    def pairs(
+        self, agg: str, extra: tuple[tuple[str, str], ...] = ()
+    ) -> tuple[tuple[str, str], ...]:
+        """The label pairs of a sample (sorted by name), ``agg`` and ``extra`` (a series'
+        own labels, e.g. ``gpu``) included."""
+        base = (
             ("agg", agg),
             ("alloc_id", self.alloc_id),
             ("node_id", self.node_id),
@@ -106,6 +113,22 @@ class AllocLabels:
             ("user", self.user),
             ("vcluster", self.vcluster),
         )
+        return tuple(sorted(base + extra)) if extra else base
+
+
+def series_key(name: str, gpu: int | str | None = None) -> str:
+    """The key of a value in a reading: the catalog name, or ``name{gpu=N}`` for a series
+    of one GPU (its TSDB series carries the label ``gpu="N"``)."""
+    return name if gpu is None else f"{name}{{gpu={gpu}}}"
+
+
+def split_key(key: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """``series_key``'s inverse: ``(name, ((label, value), ...))``."""
+    if not key.endswith("}") or "{" not in key:
+        return key, ()
+    name, inner = key[:-1].split("{", 1)
+    pairs = tuple(sorted(tuple(p.split("=", 1)) for p in inner.split(",") if "=" in p))
+    return name, pairs  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -114,11 +137,13 @@ class Target:
 
     ``scope`` (the allocation's cgroup) wins when it exists; else the processes are those
     whose process group is in ``pgids`` (the runtime's group; task launches may add theirs).
+    ``gpus``: the node's GPU indices the allocation was given (None: every GPU).
     """
 
     labels: AllocLabels
     pgids: tuple[int, ...] = ()
     scope: Scope | None = None
+    gpus: frozenset[int] | None = None
 
     @property
     def alloc_id(self) -> str:

@@ -33,7 +33,7 @@ from lattice_common.proto.lattice import v1
 from lattice_agent.telemetry.alerts import AlertEvent
 from lattice_agent.telemetry.hub import ALERT, END, RAW, WINDOW
 from lattice_agent.telemetry.loop import TelemetryLoop
-from lattice_agent.telemetry.samples import MODE_DEBUG, MODES
+from lattice_agent.telemetry.samples import MODE_DEBUG, MODES, split_key
 
 __all__ = ["UNITS", "metric_names", "metrics_stream", "set_mode", "snapshot"]
 
@@ -43,6 +43,15 @@ UNITS: dict[str, str] = {
     "gpu_memory_used": "bytes",
     "gpu_memory_utilization": "percent",
     "gpu_power_draw": "watts",
+    "gpu_memory_total": "bytes",
+    "gpu_memory_bandwidth_utilization": "percent",
+    "gpu_ecc_errors_corrected": "count",
+    "gpu_ecc_errors_uncorrected": "count",
+    "gpu_pcie_tx_bytes": "bytes_per_second",
+    "gpu_pcie_rx_bytes": "bytes_per_second",
+    "gpu_nvlink_tx_bytes": "bytes_per_second",
+    "gpu_nvlink_rx_bytes": "bytes_per_second",
+    "gpu_temperature": "celsius",
     "cpu_utilization": "percent",
     "memory_used": "bytes",
     "network_tx_bytes": "bytes_per_second",
@@ -98,18 +107,24 @@ def snapshot(
     firing: Sequence[AlertEvent] = (),
 ) -> v1.MetricsSnapshot:
     """One message of the stream (pure)."""
-    samples = [
-        v1.MetricSample(
-            name=name,
-            node_id=node_id,
-            value=float(value),
-            unit=UNITS.get(name, ""),
-            timestamp=at,
-            labels={"agg": agg} if agg else {},
+    samples = []
+    for key, value in sorted((values or {}).items()):
+        name, extra = split_key(key)
+        if (names and name not in names) or not math.isfinite(value):
+            continue
+        labels = dict(extra)
+        if agg:
+            labels["agg"] = agg
+        samples.append(
+            v1.MetricSample(
+                name=name,
+                node_id=node_id,
+                value=float(value),
+                unit=UNITS.get(name, ""),
+                timestamp=at,
+                labels=labels,
+            )
         )
-        for name, value in sorted((values or {}).items())
-        if (not names or name in names) and math.isfinite(value)
-    ]
     return v1.MetricsSnapshot(
         allocation_id=alloc_id,
         node_id=node_id,
