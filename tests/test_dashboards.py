@@ -64,7 +64,7 @@ NOT_COMPONENTS = {
     "lattice_acceptance": "test code",
 }
 #: generated or never-run-by-a-daemon modules not worth importing
-SKIPPED_MODULES = ("lattice_common.proto",)
+SKIPPED_MODULES = ("lattice_common.proto", "lattice_accounting.migrations")
 
 #: labels the scraper (vmagent/Prometheus) adds to every scraped series
 SCRAPE_LABELS = frozenset({"instance", "job"})
@@ -301,6 +301,9 @@ CLASS_TYPES = {
     "Summary": "summary",
     "Info": "info",
     "Enum": "stateset",
+    # collectors that build their families at scrape time (lattice_api.cluster_metrics)
+    "GaugeMetricFamily": "gauge",
+    "CounterMetricFamily": "counter",
 }
 
 
@@ -462,7 +465,7 @@ def _constructor(call: ast.Call, kind: str, module: str, lazy: bool) -> Construc
         if isinstance(v, ast.Constant) and v.value:
             parts.append(str(v.value))
     name = "_".join([*parts, name_node.value])
-    labels = _literal_strings(args[2] if len(args) > 2 else kw.get("labelnames"))
+    labels = _literal_strings(args[2] if len(args) > 2 else kw.get("labelnames", kw.get("labels")))
     registry = kw.get("registry")
     default = registry is None or (isinstance(registry, ast.Name) and registry.id == "REGISTRY")
     if kind == "stateset" and labels is not None:
