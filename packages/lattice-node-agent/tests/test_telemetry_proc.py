@@ -28,6 +28,7 @@ from lattice_agent.telemetry.proc import (
     parse_io,
     parse_io_stat,
     parse_net_dev,
+    parse_net_dev_counters,
     parse_stat,
 )
 from lattice_agent.telemetry.samples import AllocLabels, Target
@@ -313,6 +314,7 @@ def test_network_only_for_a_namespace_of_its_own(procs: list, tmp_path: Path) ->
     assert out["ns"]["network_tx_bytes"] > 1 * MIB
     assert out["ns"]["network_rx_bytes"] > 1 * MIB  # the veth peer receives it
     assert "network_tx_bytes" not in out["host"]  # the node's namespace: not attributable
+    assert 0.0 <= out["ns"]["network_error_rate"] <= 100.0  # packets moved: a rate exists
     # one namespace measured for two allocations: not attributable to either
     shared = ProcCollector()
     both = [_target(ns, "x"), _target(ns, "y")]
@@ -352,6 +354,12 @@ def test_parsers() -> None:
         "  eth0: 2000 5 0 0 0 0 0 0 3000 7 0 0 0 0 0 0\n"
     )
     assert parse_net_dev(dev) == {"lo": (100, 100), "eth0": (2000, 3000)}
+    bad = (
+        "Inter-|   Receive\n face |bytes    packets\n"
+        "  eth0: 2000 90 3 2 0 1 0 0 3000 100 4 0 0 1 0 0\n"
+    )
+    # rx errs 3 + drop 2 + frame 1, tx errs 4 + colls 1: 11 errors in 190 good packets
+    assert parse_net_dev_counters(bad) == {"eth0": (2000, 3000, 190, 11)}
 
 
 def _c(start: int, ppid: int, cpu: int | None) -> PidCounters:

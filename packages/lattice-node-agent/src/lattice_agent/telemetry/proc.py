@@ -49,6 +49,7 @@ from lattice_agent.telemetry.samples import (
     IO_READ_BYTES,
     IO_WRITE_BYTES,
     MEMORY_USED,
+    NETWORK_ERROR_RATE,
     NETWORK_RX_BYTES,
     NETWORK_TX_BYTES,
     Target,
@@ -65,6 +66,7 @@ __all__ = [
     "parse_io",
     "parse_io_stat",
     "parse_net_dev",
+    "parse_net_dev_counters",
     "parse_stat",
 ]
 
@@ -141,15 +143,26 @@ def parse_blkio(text: str) -> tuple[int, int]:
 
 def parse_net_dev(text: str) -> dict[str, tuple[int, int]]:
     """``/proc/<pid>/net/dev``: interface -> (rx bytes, tx bytes)."""
-    out: dict[str, tuple[int, int]] = {}
+    return {k: (v[0], v[1]) for k, v in parse_net_dev_counters(text).items()}
+
+
+def parse_net_dev_counters(text: str) -> dict[str, tuple[int, int, int, int]]:
+    """``/proc/<pid>/net/dev``: interface -> (rx bytes, tx bytes, packets both ways,
+    errors both ways: errs + drop + fifo + frame/colls + carrier)."""
+    out: dict[str, tuple[int, int, int, int]] = {}
     for line in text.splitlines()[2:]:
         name, sep, rest = line.partition(":")
         if not sep:
             continue
         cols = rest.split()
-        if len(cols) >= 9:
+        if len(cols) >= 16:
             with contextlib.suppress(ValueError):
-                out[name.strip()] = (int(cols[0]), int(cols[8]))
+                n = [int(x) for x in cols[:16]]
+                errors = sum(n[2:6]) + sum(n[10:14])
+                out[name.strip()] = (n[0], n[8], n[1] + n[9], errors)
+        elif len(cols) >= 9:
+            with contextlib.suppress(ValueError):
+                out[name.strip()] = (int(cols[0]), int(cols[8]), 0, 0)
     return out
 
 
@@ -226,7 +239,7 @@ class _State:
     pids: dict[int, PidCounters] = field(default_factory=dict)
     cg_cpu: float | None = None
     cg_io: tuple[int, int] | None = None
-    net: tuple[str, int, int] | None = None  # (netns, rx, tx)
+    net: tuple[str, int, int, int, int] | None = None  # (netns, rx, tx, packets, errors)
 
 
 class ProcCollector:
@@ -336,6 +349,9 @@ class ProcCollector:
             if rx >= 0 and tx >= 0:
                 values[NETWORK_RX_BYTES] = rx / dt
                 values[NETWORK_TX_BYTES] = tx / dt
+            packets, errors = st.net[3] - prev.net[3], st.net[4] - prev.net[4]
+            if packets > 0 and errors >= 0:  # percent of the packets in the interval
+                values[NETWORK_ERROR_RATE] = 100.0 * errors / (packets + errors)
         return values
 
     @staticmethod
@@ -429,11 +445,10 @@ class ProcCollector:
         except OSError:
             return ""
 
-    def _net(self, pid: int, netns: str) -> tuple[str, int, int] | None:
+    def _net(self, pid: int, netns: str) -> tuple[str, int, int, int, int] | None:
         try:
-            ifaces = parse_net_dev((self.proc / str(pid) / "net" / "dev").read_text())
+            text = (self.proc / str(pid) / "net" / "dev").read_text()
         except OSError:
             return None
-        rx = sum(v[0] for k, v in ifaces.items() if k != "lo")
-        tx = sum(v[1] for k, v in ifaces.items() if k != "lo")
-        return netns, rx, tx
+        ifaces = [v for k, v in parse_net_dev_counters(text).items() if k != "lo"]
+        return (netns, *(sum(v[i] for v in ifaces) for i in range(4)))  # type: ignore[return-value]

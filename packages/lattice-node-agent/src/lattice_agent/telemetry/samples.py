@@ -33,6 +33,7 @@ __all__ = [
     "MODE_AUDIT",
     "MODE_DEBUG",
     "MODE_PROD",
+    "NETWORK_ERROR_RATE",
     "NETWORK_RX_BYTES",
     "NETWORK_TX_BYTES",
     "RAW",
@@ -56,6 +57,9 @@ IO_WRITE_BYTES = "io_write_bytes"
 #: network throughput, bytes per second (only where attributable to the allocation)
 NETWORK_TX_BYTES = "network_tx_bytes"
 NETWORK_RX_BYTES = "network_rx_bytes"
+#: percent of the packets of the interval that failed (errors, drops; both ways), where
+#: the network is attributable; the "network error rate > 0.1 %" alert's metric
+NETWORK_ERROR_RATE = "network_error_rate"
 #: GPU series (from the NVML source), one per GPU: label ``gpu`` (see :func:`series_key`)
 GPU_UTILIZATION = "gpu_utilization"
 GPU_MEMORY_USED = "gpu_memory_used"
