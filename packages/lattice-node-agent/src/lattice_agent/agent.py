@@ -31,7 +31,7 @@ from lattice_common.types import (
     NodeCapabilities,
 )
 from lattice_common.wire import from_message, to_message
-from prometheus_client import Histogram
+from prometheus_client import Gauge, Histogram
 
 from lattice_agent.attach import AttachManager
 from lattice_agent.cgroups import CgroupManager
@@ -47,6 +47,8 @@ from lattice_agent.runtime import ProcessRuntime
 from lattice_agent.scratch import Scratch, ScratchError, default_root
 from lattice_agent.service import NodeAgentService, require_token
 from lattice_agent.telemetry import running_targets, telemetry_loop
+from lattice_agent.telemetry.fileaudit import FileAudit, node_service_report
+from lattice_agent.telemetry.samples import MODE_AUDIT
 from lattice_agent.tls_identity import AgentTls
 from lattice_agent.uenv import UenvCache
 
@@ -59,6 +61,11 @@ log = logging.getLogger("lattice.agent")
 
 HEARTBEAT_LATENCY = Histogram(
     "lattice_agent_heartbeat_latency_seconds", "Heartbeat round-trip time", ["node_id"]
+)
+LAST_HEARTBEAT = Gauge(
+    "lattice_agent_last_heartbeat_timestamp",
+    "Unix time of the last heartbeat the quorum answered",
+    ["node_id"],
 )
 STARTUP = Histogram(
     "lattice_agent_allocation_startup_seconds",
@@ -210,6 +217,21 @@ class Agent:
                 node_id, self.assigned, self.runtime.reports(), cgroups
             ),
             cgroups=cgroups,
+            # modes survive an agent restart
+            modes_file=state_file.with_name(state_file.stem + ".telemetry.json"),
+        )
+        # audit mode's file-access events (eBPF), shipped to the audit log
+        self.fileaudit = FileAudit(
+            node_id,
+            mode_of=self.telemetry.mode,
+            set_audit=lambda aid: self.telemetry.set_mode(aid, MODE_AUDIT),
+            assigned=lambda: list(self.assigned),
+            targets=lambda: running_targets(
+                node_id, self.assigned, self.runtime.reports(), cgroups
+            ),
+            report=node_service_report(
+                self._stub, node_id, ready=lambda: self._registered.is_set()
+            ),
         )
         self.attempts: dict[str, int] = {}
         self._checkpointing: set[str] = set()
@@ -254,6 +276,7 @@ class Agent:
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(self._desired_loop(), name="desired-state"),
             asyncio.create_task(self.telemetry.run(), name="telemetry"),  # telemetry
+            asyncio.create_task(self.fileaudit.run(), name="file-audit"),
         ]
         if self.fingerprint_source is not None:
             tasks.append(asyncio.create_task(self._conformance_loop(), name="conformance"))
@@ -348,12 +371,14 @@ class Agent:
                 timestamp=time.time(),
                 health=v1.HealthSummary(
                     conformance_fingerprint=self.conformance_group,
-                    telemetry_sources=[s.name for s in self.telemetry.sources],
+                    telemetry_sources=[s.name for s in self.telemetry.sources]
+                    + self.fileaudit.notes(),
                 ),
             ),
             timeout=10,
         )
         HEARTBEAT_LATENCY.labels(self.node_id).observe(time.perf_counter() - t0)
+        LAST_HEARTBEAT.labels(self.node_id).set(time.time())
         if resp.leader_hint:
             log.info("not the leader; switching to %s", resp.leader_hint)
             self.endpoints.rotate(prefer=resp.leader_hint)

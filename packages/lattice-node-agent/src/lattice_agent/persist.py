@@ -23,7 +23,15 @@ from lattice_agent.spawn import AllocPaths
 
 log = logging.getLogger("lattice.agent.runtime")
 
-__all__ = ["STATE_VERSION", "SavedAlloc", "StateFile", "from_entry", "to_entry"]
+__all__ = [
+    "STATE_VERSION",
+    "SavedAlloc",
+    "StateFile",
+    "from_entry",
+    "read_json",
+    "to_entry",
+    "write_json_atomic",
+]
 
 STATE_VERSION = 1
 
@@ -156,3 +164,51 @@ class StateFile:
             log.error("cannot write state file %s: %s", path, e)
             with contextlib.suppress(OSError):
                 tmp.unlink()
+
+
+def write_json_atomic(path: Path, data: Any) -> bool:
+    """``data`` as JSON in ``path``, replaced atomically with mode 0600 (the state
+    file's way); False (logged) when it cannot be written."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            view = memoryview(json.dumps(data, indent=1, sort_keys=True).encode())
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        log.error("cannot write %s: %s", path, e)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return False
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object written by :func:`write_json_atomic`; None when there is none. An
+    unreadable one is moved aside as ``.corrupt`` (and counts as none)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log.error("cannot read %s: %s", path, e)
+        return None
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise TypeError("not a JSON object")
+    except (ValueError, TypeError) as e:
+        aside = path.with_name(path.name + ".corrupt")
+        log.error("%s unreadable (%s); moved to %s", path, e, aside)
+        with contextlib.suppress(OSError):
+            os.replace(path, aside)
+        return None
+    return data

@@ -14,6 +14,7 @@ from lattice_common.wire import from_message, to_message
 
 from lattice_api.grpc.context import who
 from lattice_api.ops.cache import CacheOps
+from lattice_api.ops.fileaudit import FileAccessOps
 from lattice_api.ops.nodes import NodeOps
 from lattice_api.ops.pki import CertificateOps
 
@@ -48,11 +49,31 @@ def _results(out: dict[str, Any]) -> v1.CacheActionResponse:
     )
 
 
+def _file_event(e: v1.FileAccessEvent) -> dict[str, Any]:
+    return {
+        "time": e.time,
+        "allocation_id": e.allocation_id,
+        "uid": e.uid,
+        "pid": e.pid,
+        "tid": e.tid,
+        "comm": e.comm,
+        "path": e.path,
+        "cwd": e.cwd,
+        "flags": e.flags,
+        "result": e.result,
+        "count": e.count,
+        "source": e.source,
+        "suppressed": e.suppressed,
+    }
+
+
 class NodeService(v1.NodeServiceBase):
     def __init__(self, ops: NodeOps, cache: CacheOps, pki: CertificateOps) -> None:
         self.ops = ops
         self.cache = cache
         self.pki = pki
+        # audit mode's file-access events into the audit log (ReportFileAccess)
+        self.file_access = FileAccessOps(ops)
 
     async def sign_node_certificate(
         self, message: v1.SignNodeCertificateRequest
@@ -128,6 +149,21 @@ class NodeService(v1.NodeServiceBase):
                 generation=gen,
                 allocations=[to_message(a, v1.Allocation) for a in allocs],
             )
+
+    async def report_file_access(
+        self, message: v1.ReportFileAccessRequest
+    ) -> v1.ReportFileAccessResponse:
+        out = self.file_access.report(
+            who(),
+            message.node_id,
+            [_file_event(e) for e in message.events],
+            message.dropped,
+        )
+        return v1.ReportFileAccessResponse(
+            accepted=out["accepted"],
+            rejected=[v1.FileAccessRejection(**r) for r in out["rejected"]],
+            audited_allocations=out["audited_allocations"],
+        )
 
     # --- the nodes' uenv image caches ----------------------------------------------------
 

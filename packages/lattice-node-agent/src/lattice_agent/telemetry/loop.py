@@ -15,8 +15,10 @@ Modes (spec: Switching Telemetry Mode) are per allocation, pure state here
 collection and reverts to the node's default (``telemetry.mode``, prod) after ``duration``
 (default ``telemetry.debug_auto_revert_seconds``, 30 min). Debug mode adds the raw series;
 the prod aggregates continue, so dashboards and the scheduler's feedback keep their
-resolution-independent series. Audit mode aggregates as prod does (its file-access events
-need the eBPF source).
+resolution-independent series. Audit mode aggregates as prod does; its file-access events
+are :mod:`~lattice_agent.telemetry.fileaudit`'s. With ``modes_file`` the table is saved
+after every change and restored at start (a mode whose end passed meanwhile reverts), so
+modes survive an agent restart.
 
 Every collection and every closed window also goes to :attr:`TelemetryLoop.hub`
 (:class:`~lattice_agent.telemetry.hub.MetricsHub`), which evaluates the threshold alerts
@@ -31,14 +33,18 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge, Histogram
 
+from lattice_agent.cgroups import allocation_gpus
+from lattice_agent.persist import read_json, write_json_atomic
 from lattice_agent.telemetry.aggregate import Windows, raw_samples
 from lattice_agent.telemetry.alerts import DEFAULT_RULES, AlertRule, rules_from_config
 from lattice_agent.telemetry.ebpf import ebpf_source
 from lattice_agent.telemetry.hub import MetricsHub
+from lattice_agent.telemetry.nvml import nvml_source
 from lattice_agent.telemetry.proc import ProcCollector
 from lattice_agent.telemetry.push import VictoriaPusher
 from lattice_agent.telemetry.samples import (
@@ -91,6 +97,38 @@ class ModeTable:
     default: str = MODE_PROD
     debug_seconds: float = 1800.0
     _modes: dict[str, tuple[str, float | None]] = field(default_factory=dict)
+    # called after every change (the loop persists the table: modes survive a restart)
+    on_change: Callable[[], None] | None = None
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def entries(self) -> dict[str, dict[str, object]]:
+        """The table as plain data (alloc id -> mode and until), for the modes file."""
+        return {aid: {"mode": m, "until": u} for aid, (m, u) in sorted(self._modes.items())}
+
+    def restore(self, entries: Mapping[str, object], now: float) -> list[str]:
+        """Take back saved ``entries``: those whose ``until`` passed revert (dropped),
+        unknown modes and the default without an end are skipped; returns the restored
+        allocation ids."""
+        restored: list[str] = []
+        for aid, e in entries.items():
+            if not isinstance(e, Mapping):
+                continue
+            mode, until = e.get("mode"), e.get("until")
+            if mode not in MODES or not (until is None or isinstance(until, int | float)):
+                continue
+            if until is not None and now >= until:
+                log.info(
+                    "allocation %s: telemetry mode %s ended while the agent was down", aid, mode
+                )
+                continue
+            if mode == self.default and until is None:
+                continue
+            self._modes[str(aid)] = (str(mode), float(until) if until is not None else None)
+            restored.append(str(aid))
+        return restored
 
     def __post_init__(self) -> None:
         if self.default not in MODES:
@@ -105,12 +143,14 @@ class ModeTable:
         if duration is not None and not duration > 0:
             raise ValueError(f"telemetry mode duration must be positive, not {duration}")
         if mode == self.default and duration is None:
-            self._modes.pop(alloc_id, None)
+            if self._modes.pop(alloc_id, None) is not None:
+                self._changed()
             return None
         if duration is None and mode == MODE_DEBUG:
             duration = self.debug_seconds
         until = now + duration if duration is not None else None
         self._modes[alloc_id] = (mode, until)
+        self._changed()
         return until
 
     def get(self, alloc_id: str, now: float) -> str:
@@ -123,6 +163,7 @@ class ModeTable:
             log.info(
                 "allocation %s: telemetry mode %s ended; back to %s", alloc_id, mode, self.default
             )
+            self._changed()
             return self.default
         return mode
 
@@ -132,7 +173,8 @@ class ModeTable:
 
     def forget(self, alloc_id: str) -> None:
         """The allocation left the node: its mode goes with it."""
-        self._modes.pop(alloc_id, None)
+        if self._modes.pop(alloc_id, None) is not None:
+            self._changed()
 
     def expire(self, now: float) -> None:
         for alloc_id in list(self._modes):
@@ -155,6 +197,7 @@ class TelemetryLoop:
         debug_seconds: float = 1800.0,
         clock: Callable[[], float] = time.time,
         alert_rules: Sequence[AlertRule] = DEFAULT_RULES,
+        modes_file: Path | None = None,
     ) -> None:
         # live watchers (NodeAgentService.StreamMetrics) and the threshold alerts
         self.hub = MetricsHub(alert_rules)
@@ -165,6 +208,11 @@ class TelemetryLoop:
         self.interval = float(interval)
         self.modes = ModeTable(mode, debug_seconds)
         self._clock = clock
+        # modes survive an agent restart: restored from, and saved to, ``modes_file``
+        self.modes_file = modes_file
+        if modes_file is not None:
+            self._restore_modes(modes_file)
+            self.modes.on_change = self._save_modes
         self._latest: dict[str, Reading] = {}
         self._known: set[str] = set()
         self._errors: dict[str, str] = {}  # source -> last error said (said once)
@@ -172,6 +220,31 @@ class TelemetryLoop:
             SOURCE.labels(s.name).set(1)
 
     # --- modes ------------------------------------------------------------------------
+
+    def _restore_modes(self, path: Path) -> None:
+        data = read_json(path)
+        if not data:
+            return
+        saved_default = data.get("default")
+        if saved_default not in (None, self.modes.default):
+            log.info(
+                "telemetry: the node's default mode is now %s (was %s)",
+                self.modes.default,
+                saved_default,
+            )
+        entries = data.get("modes")
+        restored = self.modes.restore(entries if isinstance(entries, dict) else {}, self._clock())
+        if restored:
+            log.info("telemetry: modes restored for %s", ", ".join(restored))
+        if len(restored) != len(entries or {}):
+            self._save_modes()  # the reverted ones are gone from the file too
+
+    def _save_modes(self) -> None:
+        if self.modes_file is None:
+            return
+        write_json_atomic(
+            self.modes_file, {"default": self.modes.default, "modes": self.modes.entries()}
+        )
 
     def set_mode(self, alloc_id: str, mode: str, duration: float | None = None) -> float | None:
         """Switch an allocation's telemetry mode (``prod``/``debug``/``audit``) from the
@@ -308,7 +381,8 @@ def running_targets(
         if alloc is None:
             continue
         scope = cgroups.scope(alloc.id) if cgroups is not None and cgroups.available else None
-        out.append(Target(AllocLabels.of(alloc, node_id), (r.pid,), scope))
+        gpus = allocation_gpus(alloc.spec.tags)
+        out.append(Target(AllocLabels.of(alloc, node_id), (r.pid,), scope, gpus))
     return out
 
 
@@ -318,6 +392,7 @@ def telemetry_loop(
     targets: Callable[[], Iterable[Target]],
     cgroups: CgroupManager | None = None,
     sources: Sequence[Source] | None = None,
+    modes_file: Path | None = None,
 ) -> TelemetryLoop:
     """The loop the agent runs, from the ``telemetry`` config section: the /proc + cgroup
     source, and the eBPF one after it where :func:`~lattice_agent.telemetry.ebpf.probe`
@@ -332,7 +407,9 @@ def telemetry_loop(
             if config.tsdb_endpoint
             else None
         )
+        nvml = nvml_source(on_state=lambda ok, _why: SOURCE.labels("nvml").set(1 if ok else 0))
         srcs = [ProcCollector(cgroups), *([ebpf] if ebpf is not None else [])]
+        srcs += [nvml] if nvml is not None else []
         if ebpf is None:
             SOURCE.labels("ebpf").set(0)
     pusher = VictoriaPusher(config.tsdb_endpoint) if config.tsdb_endpoint else None
@@ -344,4 +421,5 @@ def telemetry_loop(
         mode=config.mode,
         debug_seconds=config.debug_auto_revert_seconds,
         alert_rules=rules_from_config(config.alert_rules),
+        modes_file=modes_file,
     )
