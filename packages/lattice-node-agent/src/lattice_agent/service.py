@@ -5,7 +5,8 @@ LaunchProcesses, WatchLaunch and Abort go to the agent's ``LaunchManager``
 (``pmi.fence``); Attach goes to the agent's ``AttachManager`` (``attach``);
 CacheStatus, CacheWarm and CacheEvict to its uenv image cache (``uenv.UenvCache``,
 file work in a thread; ``lattice cache``); StreamMetrics and SetTelemetryMode to its
-telemetry loop (``telemetry.watch``; ``lattice watch``, ``lattice telemetry``). The RPCs of the contract that later work
+telemetry loop (``telemetry.watch``; ``lattice watch``, ``lattice telemetry``); Diagnose
+to ``diagnostics.Diagnoser`` (``lattice diag``). The RPCs of the contract that later work
 builds (desired state pushes) answer UNIMPLEMENTED naming the RPC.
 
 When an agent token is configured every call must carry it (``Authorization:
@@ -37,6 +38,7 @@ from lattice_common.proto.lattice import v1
 from lattice_common.rpc import grpc_error
 
 from lattice_agent.attach import AttachManager
+from lattice_agent.diagnostics import Diagnoser
 from lattice_agent.pmi.fence import (
     DuplicateContribution,
     EpochMismatch,
@@ -78,6 +80,7 @@ class NodeAgentService(v1.NodeAgentServiceBase):
         uenv: UenvCache | None = None,
         telemetry: TelemetryLoop | None = None,
         allocation: Callable[[str], object | None] | None = None,
+        diagnostics: Diagnoser | None = None,
     ) -> None:
         self.node_id = node_id
         #: the node's telemetry loop (None: no StreamMetrics / SetTelemetryMode here) and
@@ -95,6 +98,9 @@ class NodeAgentService(v1.NodeAgentServiceBase):
         # warms in progress by ref: [lock, callers] (one fetch of a ref at a time)
         self._warming: dict[str, list] = {}  # type: ignore[type-arg]
         self._last_fence: tuple[dict[str, str], bytes] | None = None
+        #: `lattice diag`'s node-local facts; by default over the directories the attach
+        #: manager (or the launches) put the allocations' work and scratch in
+        self.diagnostics = diagnostics or _default_diagnoser(self)
 
     async def stream_logs(self, message: v1.LogRequest) -> AsyncIterator[v1.LogLine]:
         """``tail`` < 0 (or 0 without follow): all history; N > 0: the last N lines."""
@@ -242,6 +248,16 @@ class NodeAgentService(v1.NodeAgentServiceBase):
         except LatticeError as e:
             raise grpc_error(e) from None
 
+    # ------------------------------------------------------------------ diagnostics
+
+    async def diagnose(self, message: v1.DiagnoseRequest) -> v1.NodeDiagnosis:
+        """Mount health, latest values and the I/O latency histogram of an allocation
+        here (``diagnostics.Diagnoser``)."""
+        try:
+            return await self.diagnostics.diagnose(message)
+        except LatticeError as e:
+            raise grpc_error(e) from None
+
     # ------------------------------------------------------------------ uenv cache
 
     def _cache(self) -> UenvCache:
@@ -336,6 +352,19 @@ class NodeAgentService(v1.NodeAgentServiceBase):
                 return cls(e.message, details=details, hint=e.hint)
         details["cause"] = "fetch_failed"
         return LatticeError(e.message, details=details, hint=e.hint)
+
+
+def _default_diagnoser(service: NodeAgentService) -> Diagnoser:
+    where = service.attaches or service.launches
+    runtime = service.runtime
+    return Diagnoser(
+        service.node_id,
+        allocation=lambda alloc_id: service.allocation(alloc_id),
+        running=lambda alloc_id: runtime is not None and alloc_id in runtime.running_ids(),
+        work_dir=getattr(where, "work_dir", None),
+        scratch=getattr(where, "scratch", None),
+        telemetry=service.telemetry,
+    )
 
 
 def _warm(cache: UenvCache, ref: str) -> CacheEntry | None:

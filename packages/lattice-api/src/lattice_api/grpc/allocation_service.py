@@ -22,6 +22,7 @@ from lattice_api.ops.allocations import AllocationOps
 from lattice_api.ops.attach import AttachOps
 from lattice_api.ops.compare import CompareOps
 from lattice_api.ops.dags import DagOps
+from lattice_api.ops.diag import DiagOps, diagnostics_message
 from lattice_api.ops.launches import LaunchOps
 from lattice_api.ops.metrics import MetricsOps
 from lattice_api.ops.sessions import SessionOps, SessionView
@@ -181,6 +182,13 @@ class AllocationService(v1.AllocationServiceBase):
             align=message.align or None,
         )
         return compare_response(answer)
+
+    async def get_diagnostics(self, message: v1.GetDiagnosticsRequest) -> v1.Diagnostics:
+        # `lattice diag`: QueryMetrics' TSDB settings and the allocation's agents
+        answer = await DiagOps(self.metrics, self.launches.agents).diagnose(
+            who(), message.allocation_id, message.scope or None
+        )
+        return diagnostics_message(answer)
 
     async def stream_metrics(
         self, message: v1.StreamMetricsRequest

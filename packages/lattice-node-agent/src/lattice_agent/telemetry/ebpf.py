@@ -492,6 +492,15 @@ class EbpfSource:
                 self._detach_net(a)
                 self._purge.append(a.slot)  # map clean-up in the next collection's thread
 
+    def io_histogram(self, alloc_id: str) -> tuple[int, ...] | None:
+        """The allocation's block I/O latency histogram as of the last collection:
+        cumulative counts since it was first measured here, log2 nanosecond slots as
+        :func:`hist_percentile` reads them (``lattice diag``). None when it is not
+        measured (yet)."""
+        with self._lock:
+            a = self._allocs.get(alloc_id)
+            return a.prev.io if a is not None and a.prev is not None else None
+
     def collect(self, targets: Sequence[Target]) -> dict[str, dict[str, float]]:
         t0 = time.thread_time()
         try:
