@@ -274,3 +274,27 @@ async def test_environment_of_ranks(tmp_path: Path) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+async def test_running_ranks_are_measured_with_their_allocation(tmp_path: Path) -> None:
+    """Telemetry counts a launch's ranks on every node, also where the allocation's batch
+    script does not run: ProcCollector over the manager's process groups."""
+    from lattice_agent.telemetry.loop import running_targets
+    from lattice_agent.telemetry.proc import ProcCollector
+
+    busy = "end=$(( $(date +%s) + 3 )); while [ $(date +%s) -lt $end ]; do :; done"
+    async with agents(tmp_path, 2) as a:
+        reqs = a.requests(["/bin/sh", "-c", busy], [1, 2], mpi="none")
+        await asyncio.gather(
+            *(a.client.stub(a.addresses[i]).launch_processes(r) for i, r in enumerate(reqs))
+        )
+        groups = a.managers[1].process_groups()
+        assert len(groups[a.alloc.id]) == 2  # the second node's two ranks
+        targets = running_targets("n1", {a.alloc.id: a.alloc}, [], None, groups)
+        collector = ProcCollector()
+        collector.collect(targets)
+        await asyncio.sleep(1.0)
+        values = collector.collect(targets)[a.alloc.id]
+        assert values["cpu_utilization"] > 20  # two busy ranks: well above idle
+        await asyncio.gather(*(a.events(i, "t1") for i in range(2)))
+        assert a.managers[1].process_groups() == {}  # ended: nothing left to measure

@@ -231,6 +231,16 @@ def test_running_targets_from_reports(tmp_path: Path) -> None:
     assert t.scope is not None and t.scope.dirs[""] == tmp_path / "x.slice" / "alloc-r1.scope"
 
 
+def test_launched_ranks_and_attach_sessions_are_counted_with_their_allocation() -> None:
+    assigned = {a: _alloc(a) for a in ("head", "other", "idle")}
+    reports = [AllocationReport(allocation_id="head", phase="running", pid=100)]
+    extra = {"head": [200, 201], "other": [300], "idle": [], "unknown": [400]}
+    got = {t.alloc_id: t.pgids for t in running_targets("n", assigned, reports, None, extra)}
+    # the batch script's group and the ranks beside it; an allocation whose script runs
+    # on another node is measured here through its ranks; nothing for the rest
+    assert got == {"head": (100, 200, 201), "other": (300,)}
+
+
 def test_loop_from_config() -> None:
     loop = telemetry_loop(TelemetryConfig(), targets=list)
     assert loop.pusher is None and [s.name for s in loop.sources] == ["proc"]

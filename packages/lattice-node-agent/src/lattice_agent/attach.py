@@ -226,6 +226,15 @@ class AttachManager:
     def count(self, user: str) -> int:
         return sum(1 for s in self.sessions if s.user == user)
 
+    def process_groups(self) -> dict[str, list[int]]:
+        """Allocation id -> the process groups of its open attach sessions (each session
+        leader: pid = sid = pgid), for telemetry attribution."""
+        out: dict[str, list[int]] = {}
+        for s in self.sessions:
+            if s.pid > 0 and s.exit_code is None:
+                out.setdefault(s.allocation_id, []).append(s.pid)
+        return out
+
     async def serve(
         self, messages: AsyncIterator[v1.AttachInput]
     ) -> AsyncIterator[v1.AttachOutput]:

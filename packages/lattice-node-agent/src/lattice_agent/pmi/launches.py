@@ -525,6 +525,15 @@ class LaunchManager:
 
     # ------------------------------------------------------------------ WatchLaunch, Abort
 
+    def process_groups(self) -> dict[str, list[int]]:
+        """Allocation id -> the process groups of its ranks running here (each rank is
+        started in a session of its own: pgid = pid), for telemetry attribution."""
+        out: dict[str, list[int]] = {}
+        for al in self._launches.values():
+            if al.local is not None and not al.finished:
+                out.setdefault(al.request.allocation_id, []).extend(al.local.pids.values())
+        return out
+
     def get(self, allocation_id: str, task_id: str) -> AgentLaunch:
         al = self._launches.get((allocation_id, task_id))
         if al is None:
