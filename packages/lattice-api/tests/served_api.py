@@ -31,6 +31,7 @@ ROLE_CLAIMS: dict[Role, dict[str, Any]] = {
     Role.CLAIMING_USER: {"scope": "sensitive:claim"},
     Role.READ_ONLY: {"scope": "readonly"},
     Role.USER: {},
+    Role.QUOTA_SERVICE: {"scope": "quota:update"},  # Waldur's service token
 }
 
 

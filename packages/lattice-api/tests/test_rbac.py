@@ -4,6 +4,7 @@ before any handler runs; public routes answer without an identity."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import grpclib
@@ -17,6 +18,9 @@ from served_api import bearer, token
 pytestmark = pytest.mark.timeout(120)
 
 SERVED = (v1.AllocationServiceBase, v1.NodeServiceBase, v1.AdminServiceBase, v1.QuorumServiceBase)
+
+
+SAMPLE = {"section": "network"}  # path parameters restricted to some values
 
 
 def denied_roles(permission: str) -> list[Role]:
@@ -69,6 +73,8 @@ async def test_denied_roles_get_403_over_rest(served: Any) -> None:
             continue
         method, path = key.split(" ", 1)
         path = path.replace("{id}", "n1").replace("{name}", "physics")
+        # any other path parameter, with a value its route accepts
+        path = re.sub(r"\{([a-z_]+)\}", lambda m: SAMPLE.get(m[1], "x1"), path)
         for role in denied_roles(permission):
             status, body = await rest.call(
                 method, path, bearer("eve", role), {} if method != "GET" else None

@@ -55,6 +55,9 @@ class Role(enum.StrEnum):
     # from certificates only (mTLS): a node's first contact, and the internal services
     BOOTSTRAP = "bootstrap"
     SERVICE = "service"
+    # an external budget authority's service token (Waldur, spec: Quota Feedback Loop):
+    # scope ``quota:update``; it may set a tenant's quotas and nothing else
+    QUOTA_SERVICE = "quota-service"
 
 
 #: roles no token gives: only a client certificate does
@@ -76,6 +79,7 @@ _SCOPES = {
     "operator": Role.OPERATOR,
     "sensitive:claim": Role.CLAIMING_USER,
     "readonly": Role.READ_ONLY,
+    "quota:update": Role.QUOTA_SERVICE,
 }
 _CLAIMS = {
     "pact-platform-admin": Role.SYSTEM_ADMIN,

@@ -11,14 +11,20 @@ from typing import Any
 import msgspec
 from lattice_common import audit
 from lattice_common import commands as c
-from lattice_common.errors import NotFound, ValidationError
+from lattice_common.errors import NotFound, PermissionDenied, ValidationError
 from lattice_common.types import CostWeights, SchedulerType, Tenant, VCluster
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
 
 from lattice_api.audit import AuditRecorder
-from lattice_api.auth import Identity
+from lattice_api.auth import Identity, Role
 from lattice_api.ops.base import raise_if_error
+
+#: what the budget authority's service token may set (spec: the PUT body of the Quota
+#: Update Flow): the hard quotas and the GPU/node-hours budgets
+QUOTA_FIELDS = frozenset(
+    {"max_nodes", "max_concurrent_allocations", "gpu_hours_budget", "node_hours_budget"}
+)
 
 
 def _set_fields(record: Tenant | VCluster) -> dict[str, Any]:
@@ -100,6 +106,35 @@ class AdminOps:
         assert res.tenant is not None
         self._record(who, audit.TENANT_UPDATE, f"tenant:{name}", name, fields)
         return res.tenant
+
+    async def put_tenant(self, who: Identity, name: str, fields: dict[str, Any]) -> Tenant:
+        """``PUT /api/v1/tenants/{name}`` (spec: Quota Update Flow): a system admin
+        updates like ``PATCH``; the budget authority's service token (Waldur, role
+        ``quota-service``) may set the quota fields only. Hard quotas are committed
+        through the quorum like any tenant update: new work is held to them at once,
+        running work is never preempted for them."""
+        if who.role == Role.QUOTA_SERVICE:
+            if not isinstance(fields, dict) or not fields:
+                raise ValidationError(
+                    "no quota fields given",
+                    details={"allowed": ", ".join(sorted(QUOTA_FIELDS))},
+                    hint='Send a JSON object such as {"max_nodes": 100}.',
+                )
+            other = sorted(k for k in fields if k not in QUOTA_FIELDS)
+            if other:
+                raise PermissionDenied(
+                    f"{who.user} ({who.role.value}) may change quotas only, not {', '.join(other)}",
+                    details={"allowed": ", ".join(sorted(QUOTA_FIELDS))},
+                    hint="A quota-update service token sets max_nodes, "
+                    "max_concurrent_allocations, gpu_hours_budget and node_hours_budget.",
+                )
+            for k in ("gpu_hours_budget", "node_hours_budget"):
+                v = fields.get(k)
+                if v is not None and (
+                    isinstance(v, bool) or not isinstance(v, int | float) or v < 0
+                ):
+                    raise ValidationError(f"{k} must be a number >= 0 or null (got {v!r})")
+        return await self.update_tenant(who, name, fields)
 
     # --- vClusters ------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
 """REST routes of AdminService: ``/api/v1/tenants``, ``/api/v1/vclusters`` (list,
-create, get, update) and ``/api/v1/raft/status``. (Usage is rest/usage.py.)"""
+create, get, update) and ``/api/v1/raft/status``. (Usage is rest/usage.py.)
+``PUT /api/v1/tenants/{name}`` is the quota update of the spec's REST form, the one
+Waldur calls with its service token (quota fields only for that token)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,10 @@ def add_routes(router: web.UrlDispatcher, ops: Operations) -> None:
         name, body = request.match_info["name"], await read_body(request)
         return json_response(await admin.update_tenant(who(request), name, body))
 
+    async def put_tenant(request: web.Request) -> web.Response:
+        name, body = request.match_info["name"], await read_body(request)
+        return json_response(await admin.put_tenant(who(request), name, body))
+
     async def list_vclusters(request: web.Request) -> web.Response:
         return json_response({"vclusters": admin.list_vclusters(who(request))})
 
@@ -47,6 +53,7 @@ def add_routes(router: web.UrlDispatcher, ops: Operations) -> None:
     router.add_post("/api/v1/tenants", create_tenant)
     router.add_get("/api/v1/tenants/{name}", get_tenant)
     router.add_patch("/api/v1/tenants/{name}", update_tenant)
+    router.add_put("/api/v1/tenants/{name}", put_tenant)
     router.add_get("/api/v1/vclusters", list_vclusters)
     router.add_post("/api/v1/vclusters", create_vcluster)
     router.add_get("/api/v1/vclusters/{name}", get_vcluster)
