@@ -47,6 +47,7 @@ def test_handlers_live_in_the_domain_modules() -> None:
         "lattice_quorum.handlers.sessions",
         "lattice_quorum.handlers.staging",
         "lattice_quorum.handlers.audit",
+        "lattice_quorum.handlers.backup",
     }
 
 

@@ -18,6 +18,7 @@ from lattice_api.ops.allocations import AllocationOps, LogSource, uenv_resolver
 from lattice_api.ops.attach import AttachOps
 from lattice_api.ops.audit import AuditOps
 from lattice_api.ops.auth import AuthOps
+from lattice_api.ops.backup import BackupOps
 from lattice_api.ops.cache import CacheOps
 from lattice_api.ops.compare import CompareOps
 from lattice_api.ops.dags import DagOps
@@ -89,6 +90,8 @@ class Operations:
         self.admin = AdminOps(quorum, api_addresses=settings.api_addresses, audit=self.recorder)
         # the internal CA (AdminService CA RPCs, NodeService.SignNodeCertificate)
         self.pki = CertificateOps(quorum, settings.tls, audit=self.recorder)
+        # backups of the state (lattice-server replaces it with one built from its config)
+        self.backup = BackupOps(quorum, audit=self.recorder, data_dir=settings.audit_key_dir)
         # login discovery and whoami; ``oidc`` is the Authenticator's provider (one cache)
         self.auth = AuthOps(
             oidc_issuer=settings.oidc_issuer,

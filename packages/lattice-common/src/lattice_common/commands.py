@@ -17,6 +17,7 @@ from lattice_common.types import (
     Allocation,
     AllocationSpec,
     AllocationState,
+    CheckpointRecord,
     CostWeights,
     Dag,
     Node,
@@ -205,6 +206,34 @@ class PreemptAllocation(Command, tag="preempt_allocation"):
     reason: str = "preempted"
 
 
+class SuspendAllocation(Command, tag="suspend_allocation"):
+    """Its owner asks a Running, checkpointable allocation to checkpoint and stay
+    Suspended (``lattice suspend``): Running -> Checkpointing with no preemptor, so it is
+    not requeued on its own but waits for ResumeAllocation."""
+
+    allocation_id: str
+    requested_by: str = ""
+
+
+class RecordCheckpoint(Command, tag="record_checkpoint"):
+    """The head node's agent reports a completed checkpoint (the processes have
+    stopped): Checkpointing -> Suspended with ``checkpoint`` recorded, nodes released.
+    A preempted allocation is then requeued by the proposer (RequeueAllocation with
+    ``preempted``); a suspended one waits for ResumeAllocation."""
+
+    allocation_id: str
+    node_id: str
+    checkpoint: CheckpointRecord
+
+
+class ResumeAllocation(Command, tag="resume_allocation"):
+    """Suspended -> Pending at once, original submit time kept, to resume from its last
+    checkpoint (``lattice resume``)."""
+
+    allocation_id: str
+    requested_by: str = ""
+
+
 class SetNodeHealth(Command, tag="set_node_health"):
     """Leader's heartbeat monitor: Ready <-> Degraded -> Down."""
 
@@ -279,6 +308,14 @@ class Batch(Command, tag="batch"):
     commands: list[AnyCommand]
 
 
+class RestoreBackup(Command, tag="restore_backup"):
+    """Replace a freshly bootstrapped (empty) state with a backup's
+    (lattice_quorum.handlers.backup). ``data`` is the whole backup file: every member
+    verifies it again (checksum, version, decoding) before it replaces anything."""
+
+    data: bytes = b""
+
+
 AnyCommand = (
     RegisterNode
     | ReportConformance
@@ -296,6 +333,9 @@ AnyCommand = (
     | SetPendingReasons
     | RequeueAllocation
     | PreemptAllocation
+    | SuspendAllocation
+    | RecordCheckpoint
+    | ResumeAllocation
     | ReportPrologue
     | SetNodeHealth
     | DrainNode
@@ -308,6 +348,7 @@ AnyCommand = (
     | UpdateVCluster
     | AppendAudit
     | InitCertificateAuthority
+    | RestoreBackup
     | Batch
 )
 
@@ -367,16 +408,20 @@ __all__ = [
     "EnableNode",
     "InitCertificateAuthority",
     "PreemptAllocation",
+    "RecordCheckpoint",
     "RegisterNode",
     "ReleaseNodeClaim",
     "ReportConformance",
     "RequeueAllocation",
+    "RestoreBackup",
+    "ResumeAllocation",
     "ScaleAllocation",
     "SchedulerType",
     "SetNodeHealth",
     "SetPendingReasons",
     "SubmitAllocation",
     "SubmitTaskGroup",
+    "SuspendAllocation",
     "UndrainNode",
     "UpdateAllocationState",
     "UpdateTenant",

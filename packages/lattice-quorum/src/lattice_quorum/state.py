@@ -25,6 +25,7 @@ from lattice_quorum.handlers import (  # services: installs the registry hook
     allocations,
     assignment,
     audit,
+    backup,
     dags,
     nodes,
     pki,
@@ -76,6 +77,9 @@ _HANDLERS: dict[type[c.Command], Handler] = {
     c.CancelAllocation: allocations.cancel_allocation,
     c.SetPendingReasons: allocations.set_pending_reasons,
     c.RequeueAllocation: allocations.requeue_allocation,
+    c.SuspendAllocation: allocations.suspend_allocation,
+    c.RecordCheckpoint: allocations.record_checkpoint,
+    c.ResumeAllocation: allocations.resume_allocation,
     # DAGs
     c.SubmitDag: dags.submit_dag,
     c.CancelDag: dags.cancel_dag,
@@ -97,4 +101,6 @@ _HANDLERS: dict[type[c.Command], Handler] = {
     c.AppendAudit: audit.append_audit,
     # the internal CA
     c.InitCertificateAuthority: pki.init_certificate_authority,
+    # restoring a backup into a fresh quorum
+    c.RestoreBackup: backup.restore_backup,
 }

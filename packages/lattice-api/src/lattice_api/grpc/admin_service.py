@@ -15,6 +15,7 @@ from lattice_common.wire import from_message, to_message
 from lattice_api.grpc.context import update_fields, who
 from lattice_api.ops.admin import AdminOps
 from lattice_api.ops.audit import AuditOps
+from lattice_api.ops.backup import BackupOps
 from lattice_api.ops.pki import CertificateOps
 from lattice_api.ops.queue import QueueOps
 from lattice_api.ops.services import ServiceOps
@@ -36,6 +37,7 @@ class AdminService(v1.AdminServiceBase):
         services: ServiceOps,
         audit: AuditOps | None = None,
         pki: CertificateOps | None = None,
+        backup: BackupOps | None = None,
     ) -> None:
         self.ops = ops
         self.usage = usage
@@ -43,6 +45,7 @@ class AdminService(v1.AdminServiceBase):
         self.services = services
         self.audit = audit
         self.pki = pki
+        self.backup = backup
 
     # --- the queue view -------------------------------------------------------------
 
@@ -229,6 +232,32 @@ class AdminService(v1.AdminServiceBase):
             hosts=list(message.hosts),
         )
         return v1.IssuedCertificate(**out)
+
+    # --- backups (lattice_api.ops.backup) ---------------------------------------------
+
+    def _backup(self) -> BackupOps:
+        assert self.backup is not None, "AdminService built without BackupOps"
+        return self.backup
+
+    async def create_backup(self, message: v1.CreateBackupRequest) -> v1.BackupInfo:
+        return _backup_info(await self._backup().create(who(), message.path))
+
+    async def verify_backup(self, message: v1.VerifyBackupRequest) -> v1.VerifyBackupResponse:
+        out = await self._backup().verify(who(), message.path)
+        if not out.get("valid"):
+            return v1.VerifyBackupResponse(
+                valid=False, message=out.get("message", ""), hint=out.get("hint", "")
+            )
+        return v1.VerifyBackupResponse(valid=True, info=_backup_info(out))
+
+    async def restore_backup(self, message: v1.RestoreBackupRequest) -> v1.RestoreBackupResponse:
+        out = await self._backup().restore(who(), message.path, force=message.force)
+        return v1.RestoreBackupResponse(info=_backup_info(out["info"]), message=out["message"])
+
+
+def _backup_info(d: dict[str, object]) -> v1.BackupInfo:
+    fields = set(v1.BackupInfo.__dataclass_fields__)
+    return v1.BackupInfo(**{k: v for k, v in d.items() if k in fields})
 
 
 def _audit_entry(e: AuditEntry) -> v1.AuditEntry:

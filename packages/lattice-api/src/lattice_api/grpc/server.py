@@ -153,7 +153,7 @@ def build_grpc_server(ops: Operations, auth: Authenticator) -> Server:
             telemetry=ops.telemetry,
         ),
         NodeService(ops.nodes, ops.cache, ops.pki),
-        AdminService(ops.admin, ops.usage, ops.queue, ops.services, ops.audit, ops.pki),
+        AdminService(ops.admin, ops.usage, ops.queue, ops.services, ops.audit, ops.pki, ops.backup),
         QuorumService(ops.quorum),
     ]
     server = Server(services)

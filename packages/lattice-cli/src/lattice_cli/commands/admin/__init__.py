@@ -1,6 +1,6 @@
 """``lattice admin``: administrative command groups (system-admin role).
 
-Each group is its own module (tenant, vcluster, raft, audit, ca); a new group is one module here
+Each group is its own module (tenant, vcluster, raft, audit, ca, backup); a new group is one module here
 and one ``add_typer`` line below. ``lattice admin ...`` imports all of them: only the
 root word is looked up lazily.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from lattice_cli.commands.admin.audit import audit_app
+from lattice_cli.commands.admin.backup import backup_app
 from lattice_cli.commands.admin.ca import ca_app
 from lattice_cli.commands.admin.raft import raft_app
 from lattice_cli.commands.admin.tenant import tenant_app
@@ -21,6 +22,7 @@ admin_app.add_typer(vcluster_app, name="vcluster")
 admin_app.add_typer(raft_app, name="raft")
 admin_app.add_typer(audit_app, name="audit")
 admin_app.add_typer(ca_app, name="ca")
+admin_app.add_typer(backup_app, name="backup")
 
 
 def register(app: typer.Typer) -> None:
