@@ -26,7 +26,7 @@ NOT_BUILT = "unimplemented"
 # --- who holds each permission ----------------------------------------------------------
 
 # agents and internal services read what they need; a bootstrap identity reads nothing
-_READ = frozenset(Role) - {Role.AGENT, Role.BOOTSTRAP, Role.SERVICE}
+_READ = frozenset(Role) - {Role.AGENT, Role.BOOTSTRAP, Role.SERVICE, Role.QUOTA_SERVICE}
 _WRITE_OWN = frozenset(
     {Role.SYSTEM_ADMIN, Role.TENANT_ADMIN, Role.OPERATOR, Role.CLAIMING_USER, Role.USER}
 )
@@ -48,6 +48,9 @@ ROLES: dict[str, frozenset[Role]] = {
     "node.release": frozenset({Role.SYSTEM_ADMIN, Role.CLAIMING_USER}),
     "tenant.read": _READ,
     "tenant.admin": frozenset({Role.SYSTEM_ADMIN}),
+    # PUT /api/v1/tenants/{name}: system admins (any field), and the budget authority's
+    # service token (Waldur), which lattice_api.ops.admin.put_tenant limits to quotas
+    "tenant.quota": frozenset({Role.SYSTEM_ADMIN, Role.QUOTA_SERVICE}),
     "vcluster.read": _READ,
     "vcluster.admin": frozenset({Role.SYSTEM_ADMIN}),
     "raft.read": _READ,
@@ -68,6 +71,8 @@ ROLES: dict[str, frozenset[Role]] = {
     "node.certificate": frozenset({Role.AGENT, Role.BOOTSTRAP, Role.SYSTEM_ADMIN}),
     # who the caller is (`lattice whoami`): anyone authenticated
     "auth.whoami": frozenset(Role),
+    # backups of the whole quorum state (every tenant's records, the CA key)
+    "backup.admin": frozenset({Role.SYSTEM_ADMIN}),
 }
 _ADMIN_ONLY = frozenset({Role.SYSTEM_ADMIN})  # any permission not listed in ROLES
 
@@ -88,7 +93,7 @@ RPCS: dict[str, str] = {
     "AllocationService.GetLogs": "allocation.read",
     "AllocationService.QueryMetrics": "allocation.read",
     "AllocationService.StreamMetrics": "allocation.read",
-    "AllocationService.GetDiagnostics": NOT_BUILT,
+    "AllocationService.GetDiagnostics": "allocation.read",
     "AllocationService.CompareMetrics": "allocation.read",
     "AllocationService.GetDag": "allocation.read",
     "AllocationService.ListDags": "allocation.read",
@@ -111,6 +116,7 @@ RPCS: dict[str, str] = {
     "NodeService.WarmCache": "cache.admin",
     "NodeService.EvictCache": "cache.admin",
     "NodeService.SignNodeCertificate": "node.certificate",
+    "NodeService.ReportFileAccess": "node.agent",
     "AdminService.CreateTenant": "tenant.admin",
     "AdminService.ListTenants": "tenant.read",
     "AdminService.GetTenant": "tenant.read",
@@ -123,9 +129,9 @@ RPCS: dict[str, str] = {
     "AdminService.DeleteVCluster": NOT_BUILT,
     "AdminService.GetVClusterQueue": "vcluster.read",
     "AdminService.GetRaftStatus": "raft.read",
-    "AdminService.CreateBackup": NOT_BUILT,
-    "AdminService.VerifyBackup": NOT_BUILT,
-    "AdminService.RestoreBackup": NOT_BUILT,
+    "AdminService.CreateBackup": "backup.admin",
+    "AdminService.VerifyBackup": "backup.admin",
+    "AdminService.RestoreBackup": "backup.admin",
     "AdminService.QueryAudit": "audit.read",
     "AdminService.ExportAudit": "audit.admin",
     "AdminService.VerifyAudit": "audit.admin",
@@ -170,6 +176,9 @@ ROUTES: dict[str, str] = {
     "GET /api/v1/allocations/{id}/metrics/stream": "allocation.read",
     # `lattice telemetry`: switch the telemetry mode on the allocation's nodes
     "PATCH /api/v1/allocations/{id}": "allocation.update",
+    # `lattice diag`: network, storage and GPU health through the agents and the TSDB
+    "GET /api/v1/allocations/{id}/diagnostics": "allocation.read",
+    "GET /api/v1/allocations/{id}/diagnostics/{section}": "allocation.read",
     # `lattice compare`: several allocations' metrics, each one visible to the caller
     "GET /api/v1/compare": "allocation.read",
     # DAG workflows: submitting one is submitting its allocations; cancelling one, its
@@ -195,6 +204,7 @@ ROUTES: dict[str, str] = {
     "POST /api/v1/tenants": "tenant.admin",
     "GET /api/v1/tenants/{name}": "tenant.read",
     "PATCH /api/v1/tenants/{name}": "tenant.admin",
+    "PUT /api/v1/tenants/{name}": "tenant.quota",
     # usage: every role but the agents'; another user's usage is an object-level check
     "GET /api/v1/tenants/{name}/usage": "tenant.read",
     "GET /api/v1/usage": "tenant.read",
@@ -218,6 +228,10 @@ ROUTES: dict[str, str] = {
     "GET /api/v1/admin/ca": "pki.read",
     "POST /api/v1/admin/ca/issue": "pki.admin",
     "POST /api/v1/nodes/{id}/certificate": "node.certificate",
+    # backups of the quorum state (spec: Administration, Backup & Restore)
+    "POST /api/v1/admin/backup": "backup.admin",
+    "GET /api/v1/admin/backup/verify": "backup.admin",
+    "POST /api/v1/admin/restore": "backup.admin",
 }
 
 

@@ -40,6 +40,8 @@ COMMANDS: dict[str, str] = {
     "watch": "lattice_cli.commands.watch",
     "telemetry": "lattice_cli.commands.telemetry",
     "compare": "lattice_cli.commands.compare",
+    "diag": "lattice_cli.commands.diag",
+    "diagnostics": "lattice_cli.commands.diag",  # the spec's other spelling (hidden)
     "launch": "lattice_cli.commands.launch",
     "attach": "lattice_cli.commands.attach",
     "session": "lattice_cli.commands.session",

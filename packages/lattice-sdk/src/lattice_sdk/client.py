@@ -505,6 +505,20 @@ class LatticeClient:
         }
         return await self._call("GET", "/compare", params=params)
 
+    async def get_diagnostics(self, alloc_id: str, section: str | None = None) -> dict[str, Any]:
+        """Network, storage and GPU health of a running allocation, each line with a mark
+        (``lattice diag``). ``section``: ``network`` or ``storage`` only (default all).
+
+        Returns ``{allocation_id, state, scope, sections, timestamp, status (the worst
+        mark), summary, tsdb, nodes: [{node_id, group, ok, error}], checks: [{section,
+        name, node_id, status (ok | warning | critical | unknown: no data), message,
+        details, values, histogram: [{low_us, high_us, count}]}]}``. Another user's
+        allocation is a ``LatticeNotFoundError``; a Pending or ended one a
+        ``LatticeError`` with code ``invalid_transition``. The server allows 30 a minute
+        per user (over it: a ``LatticeError`` with status 429)."""
+        params = {"section": section or None}
+        return await self._call("GET", f"/allocations/{_seg(alloc_id)}/diagnostics", params=params)
+
     # ------------------------------------------------------------------ task launches
 
     async def launch_tasks(
@@ -930,6 +944,40 @@ class LatticeClient:
         """The server checks the committed chain: ``{valid, count, first_bad_sequence,
         message, last_hash, public_keys: {key_id: PEM}, signing_key_id}``."""
         return await self._call("POST", "/admin/audit/verify", body={})
+
+    # ------------------------------------------------------------------ backups
+
+    async def create_backup(self, path: str = "") -> dict[str, Any]:
+        """Write a backup of the quorum state where the server can: ``path`` on the
+        serving member (a file, or a directory for ``backup-<UTC>.lattice``), an
+        ``s3://bucket/key`` URL, or "" (the server's ``quorum.backup_dir``). Returns the
+        BackupInfo: ``{path, checksum, revision, size_bytes, created_at, raft_term,
+        raft_index, allocations, nodes, tenants, vclusters, audit_entries, ...}``."""
+        return await self._call("POST", "/admin/backup", body={"path": path})
+
+    async def download_backup(self) -> bytes:
+        """A backup of the quorum state sent back whole (nothing is written on the
+        server); check it with ``lattice_common.backup.verify``."""
+        transport = self._ensure_transport()
+        target = API + "/admin/backup"
+        body = json.dumps({"download": True}).encode()
+        resp = await transport.request("POST", target, body, await self._auth_headers())
+        if not 200 <= resp.status < 300:
+            raise error_from_response(
+                resp.status, resp.reason, resp.body, method="POST", url=self.endpoint + target
+            )
+        return resp.body
+
+    async def verify_backup(self, path: str = "") -> dict[str, Any]:
+        """The server checks a backup it can read (``path`` or ``s3://``; "" = its latest
+        scheduled snapshot): ``{valid: true, checksum, revision, raft_term, ...counts}``
+        or ``{valid: false, message, hint}``."""
+        return await self._call("GET", "/admin/backup/verify", params={"path": path or None})
+
+    async def restore_backup(self, path: str, *, force: bool = False) -> dict[str, Any]:
+        """Verify ``path`` for a restore; ``{info, message}``: the restart steps
+        (a restore runs as ``lattice-server --recover-from FILE --bootstrap``)."""
+        return await self._call("POST", "/admin/restore", body={"path": path, "force": force})
 
     # ------------------------------------------------------------------ internal CA
 

@@ -13,9 +13,11 @@ from lattice_api.rest import (
     allocations,
     attach,
     audit,
+    backup,
     cache,
     compare,
     dags,
+    diag,
     launches,
     metrics,
     nodes,
@@ -43,6 +45,7 @@ def build_rest_app(ops: Operations, auth: Authenticator) -> web.Application:
         launches,
         metrics,
         compare,
+        diag,
         telemetry,
         attach,
         dags,
@@ -55,6 +58,7 @@ def build_rest_app(ops: Operations, auth: Authenticator) -> web.Application:
         cache,
         audit,
         pki,
+        backup,
     ):
         routes.add_routes(app.router, ops)
     return app
