@@ -18,6 +18,13 @@ Which source answers:
   allocation has ended and the store has nothing more.
 
 Without a store everything comes from the agent, as before.
+
+Sensitive allocations (a sensitive-reservation vCluster) are read from the sensitive
+pool (``storage.sensitive_log_store``, encrypted; the same reader through
+lattice_common.logcrypt) and never from the ordinary store; without a sensitive pool
+their output is on their nodes only, and a request the agent cannot answer says so.
+Once the retention (lattice_api.log_retention) has removed an ended allocation's logs,
+a request says that, with the retention that applied, instead of answering nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ from typing import Any
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 from lattice_common.agents import AgentChannels
 from lattice_common.aiter import watched
+from lattice_common.assignment import is_sensitive
 from lattice_common.errors import NotFound, Unavailable
+from lattice_common.logcrypt import LogKeyError
 from lattice_common.logstore import (
     LogRead,
     LogStore,
@@ -44,6 +53,8 @@ from lattice_common.proto.lattice import v1
 from lattice_common.types import Allocation, AllocationState, NodeState
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
+
+from lattice_api.log_retention import RetentionPolicy, removed_message
 
 log = logging.getLogger("lattice.api.logs")
 
@@ -109,6 +120,8 @@ class LogProxy:
         agents: AgentChannels,
         store: LogStore | None = None,
         *,
+        sensitive_store: LogStore | None = None,
+        retention: RetentionPolicy | None = None,
         poll_interval: float = 1.0,
         agent_retry_interval: float = 2.0,
         node_check_interval: float = 5.0,
@@ -116,10 +129,51 @@ class LogProxy:
         self.quorum = quorum
         self.agents = agents
         self.store = store
+        # sensitive allocations' logs: the encrypted pool (None: on their nodes only)
+        self.sensitive_store = sensitive_store
+        self.retention = retention
         self.poll_interval = poll_interval  # store polls while the agent is away
         self.agent_retry_interval = agent_retry_interval
         # a quiet live stream checks this often whether the quorum declared the node gone
         self.node_check_interval = node_check_interval
+
+    # ------------------------------------------------------------------ pools
+
+    def _sensitive(self, alloc: Allocation) -> bool:
+        v = self.quorum.read(queries.vcluster, alloc.spec.vcluster)
+        return v is not None and is_sensitive(alloc, {v.name: v})
+
+    def _store_for(self, alloc: Allocation) -> LogStore | None:
+        """The store that holds ``alloc``'s output (never the ordinary one for
+        sensitive work)."""
+        return self.sensitive_store if self._sensitive(alloc) else self.store
+
+    def _nothing_stored(self, alloc: Allocation) -> None:
+        """The store holds nothing for ``alloc``: say why when the retention removed it."""
+        if self.retention is None or self._store_for(alloc) is None:
+            return
+        msg = removed_message(
+            alloc, self.retention, sensitive=self._sensitive(alloc), now=time.time()
+        )
+        if msg is not None:
+            raise NotFound(
+                msg,
+                hint="Output is kept for the retention period after an allocation ends; "
+                "keep copies of what you need beyond it.",
+            )
+
+    def _agent_failed(self, alloc: Allocation, e: Unavailable) -> Unavailable:
+        """The agent could not answer and the store has nothing: for sensitive work
+        without a sensitive pool, say that the node is the only copy."""
+        if self._sensitive(alloc) and self.sensitive_store is None:
+            return Unavailable(
+                f"the logs of sensitive allocation {alloc.id} are kept only on its nodes "
+                f"(storage.sensitive_log_store is none) and they cannot be read now: "
+                f"{e.message}",
+                hint="Try again when the node's agent is back; an administrator can "
+                "configure storage.sensitive_log_store to keep them encrypted off the node.",
+            )
+        return e
 
     # ------------------------------------------------------------------ sources
 
@@ -201,12 +255,20 @@ class LogProxy:
         from_ts: Mapping[tuple[str, str], float] | None = None,
     ) -> LogRead | None:
         """What the store holds (None: no store, or it cannot be read now)."""
-        if self.store is None:
+        store = self._store_for(alloc)
+        if store is None:
             return None
         try:
-            return await allocation_logs(self.store, alloc).read(
+            return await allocation_logs(store, alloc).read(
                 stream=stream, node=node, since=since, until=until, tail=tail, from_ts=from_ts
             )
+        except LogKeyError as e:  # a configuration error, not an outage: say it
+            log.error("log store: reading the logs of %s: %s", alloc.id, e)
+            raise Unavailable(
+                f"the stored logs of allocation {alloc.id} cannot be decrypted: {e}",
+                hint="An administrator must configure the key they were written with "
+                "(storage.sensitive_log_key).",
+            ) from None
         except (LogStoreError, ValueError) as e:
             log.warning("log store: reading the logs of %s: %s", alloc.id, e)
             return None
@@ -251,6 +313,8 @@ class LogProxy:
         )
         stored = [ln.to_dict(alloc.id) for ln in hist.lines] if hist else []
         found = hist is not None and hist.found
+        if not found:
+            self._nothing_stored(alloc)
         if not self._agent_serves(alloc, node):
             if not found:
                 self._no_output_yet(alloc)
@@ -265,9 +329,9 @@ class LogProxy:
                     alloc, stream=stream, tail=None if windowed else tail, follow=False
                 )
             ]
-        except Unavailable:
+        except Unavailable as e:
             if not found:
-                raise
+                raise self._agent_failed(alloc, e) from None
             return stored
         live = [ln for ln in live if _within(ln, since, until)]
         if alloc.terminal:
@@ -304,6 +368,8 @@ class LogProxy:
             alloc, stream=stream, node=node, since=since, until=until, tail=tail
         )
         found = hist is not None and hist.found
+        if not found:
+            self._nothing_stored(alloc)
         if not found and not self._agent_serves(alloc, node):
             self._no_output_yet(alloc)
         if alloc.terminal and not (found and hist is not None and hist.complete):
@@ -335,9 +401,9 @@ class LogProxy:
                             return
                         if keep(ln) and _within(ln, since, until):
                             yield ln
-                except Unavailable:
-                    if self.store is None:
-                        raise
+                except Unavailable as e:
+                    if self._store_for(alloc) is None:
+                        raise self._agent_failed(alloc, e) from None
                     log.info("logs of %s: agent unreachable, reading the log store", alloc.id)
                 else:
                     # the agent ended the stream: normally the allocation's end
@@ -346,7 +412,7 @@ class LogProxy:
                         return
                 use_agent = False
                 agent_tail = None  # from now on the cursor says where to join
-            if self.store is None:
+            if self._store_for(alloc) is None:
                 return
             # the store: what was flushed after the cursor
             got = await self._stored(
@@ -382,23 +448,24 @@ class LogProxy:
                 use_agent = True
 
     async def aclose(self) -> None:
-        """Close the agent channels and the log store."""
+        """Close the agent channels and the log stores."""
         self.agents.close()
-        if self.store is not None:
-            try:
-                await self.store.close()
-            except Exception as e:  # closing must not fail a shutdown
-                log.warning("closing the log store: %s", e)
+        for store in (self.store, self.sensitive_store):
+            if store is not None:
+                try:
+                    await store.close()
+                except Exception as e:  # closing must not fail a shutdown
+                    log.warning("closing the log store: %s", e)
 
     def close(self) -> None:
         """Close the agent channels (the log store's client is closed by ``aclose`` or
         with the event loop)."""
         self.agents.close()
-        store = self.store
-        if store is not None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                return
-            task = loop.create_task(store.close())
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        for store in (self.store, self.sensitive_store):
+            if store is not None:
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    return
+                task = loop.create_task(store.close())
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())

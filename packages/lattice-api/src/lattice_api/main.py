@@ -12,18 +12,22 @@ import signal
 from aiohttp import web
 from lattice_common.agents import AgentChannels
 from lattice_common.config import LatticeConfig, load_config
+from lattice_common.logcrypt import open_sensitive_log_store  # log store: sensitive pool
 from lattice_common.logstore import open_log_store  # log store
 from lattice_common.net import split_host_port
 from lattice_common.process import daemon_main
 from lattice_quorum.member import QuorumMember
 
 from lattice_api.auth import Authenticator
+from lattice_api.cluster_metrics import register_cluster_metrics
 from lattice_api.fabric import FabricManager
 from lattice_api.grpc.server import build_grpc_server
+from lattice_api.log_retention import LogRetention, RetentionPolicy  # log retention
 from lattice_api.logs import LogProxy
 from lattice_api.node_monitor import NodeMonitor
 from lattice_api.oidc import OidcProvider
 from lattice_api.operations import Operations
+from lattice_api.ops.backup import BackupOps, BackupScheduler, prepare_recovery, restore_into
 from lattice_api.rest.app import build_rest_app
 from lattice_api.rotation import watch_api_secrets
 from lattice_api.settings import ApiSettings
@@ -43,14 +47,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="initialise a new Raft cluster; only on the very first start of member 1",
     )
+    p.add_argument(
+        "--recover-from",
+        metavar="FILE",
+        help="with --bootstrap: start a fresh quorum holding the state of this backup "
+        "(a path or s3://bucket/key); it is verified first (see lattice-api README)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --recover-from: move an existing quorum.data_dir aside instead of refusing",
+    )
     p.add_argument("--log-level", default=os.environ.get("LATTICE_LOG_LEVEL", "info"))
     return p.parse_args(argv)
 
 
 async def serve(
-    cfg: LatticeConfig, *, bootstrap: bool = False, ready: asyncio.Event | None = None
+    cfg: LatticeConfig,
+    *,
+    bootstrap: bool = False,
+    ready: asyncio.Event | None = None,
+    recover_from: str = "",
+    force: bool = False,
+    config_path: str = "",
 ) -> None:
     q = cfg.quorum
+    # a restore: the file verified and the data dir checked before anything starts
+    recovery = await prepare_recovery(cfg, recover_from, bootstrap, force) if recover_from else None
     member = QuorumMember(
         node_id=q.node_id,
         bind=q.bind,
@@ -68,6 +91,8 @@ async def serve(
     )
     loop = asyncio.get_running_loop()
     member.attach_loop(loop)
+    if recovery is not None:  # the restored state committed before anyone can write
+        await restore_into(member, recovery)
     api_addresses = {p.address: p.api_address for p in q.peers if p.api_address}
     api_addresses[q.bind] = cfg.api.grpc_listen
     secret = cfg.api.oidc_hmac_secret.get_secret_value() if cfg.api.oidc_hmac_secret else None
@@ -96,6 +121,7 @@ async def serve(
         heartbeat_burst=cfg.rate_limit.heartbeat_burst,
     )
     member.on_leadership(monitor.on_leadership)
+    register_cluster_metrics(member, q.data_dir)  # /metrics: allocations, quotas, Raft disk
     settings = ApiSettings(
         budget_period_days=cfg.scheduling.budget_period_days,
         api_addresses=api_addresses,
@@ -115,7 +141,19 @@ async def serve(
         telemetry_mode=cfg.telemetry.mode,
     )
     agents = AgentChannels(agent_token, ssl=tls.client if tls is not None else None)
-    logs = LogProxy(member, agents, open_log_store(cfg.storage))  # log store: history
+    # log store: history; sensitive allocations' in the encrypted pool; retention
+    log_store = open_log_store(cfg.storage)
+    sensitive_log_store = open_sensitive_log_store(cfg.storage)
+    retention = RetentionPolicy.from_storage(cfg.storage)
+    logs = LogProxy(
+        member, agents, log_store, sensitive_store=sensitive_log_store, retention=retention
+    )
+    log_sweeper = LogRetention(  # runs on the leader only
+        member,
+        {"ordinary": log_store, "sensitive": sensitive_log_store},
+        retention,
+        interval=cfg.storage.log_retention_interval_seconds,
+    )
     fabric = FabricManager.from_config(cfg.network)
     ops = Operations(
         member,
@@ -127,6 +165,23 @@ async def serve(
         oidc=oidc,
         auth_mode=auth.mode,
     )
+    if recovery is not None and member.is_leader:
+        # elected while restoring, before these listened: tell them now
+        monitor.on_leadership(True)
+        ops.recorder.on_leadership(True)
+    # backups: configured here (where, retention, S3 credentials); the leader's schedule
+    ops.backup = BackupOps(
+        member,
+        audit=ops.recorder,
+        config=cfg.backup,
+        storage=cfg.storage,
+        data_dir=q.data_dir,
+        backup_dir=q.backup_dir,
+        retention_count=q.snapshot_retention_count,
+        site=cfg.tls.site,
+        config_path=config_path,
+    )
+    backups = BackupScheduler(ops.backup)
     grpc = build_grpc_server(ops, auth)
     ghost, gport = split_host_port(cfg.api.grpc_listen, default_host="0.0.0.0")
     follow_ca = None
@@ -143,6 +198,8 @@ async def serve(
     )
     await site.start()
     monitor.start()
+    backups.start()
+    log_sweeper.start()  # log retention
     # secrets written as references are re-read and applied without restart
     secrets = watch_api_secrets(cfg, auth)
     log.info(
@@ -166,6 +223,8 @@ async def serve(
         if follow_ca is not None:
             follow_ca.cancel()
         await monitor.stop()
+        await backups.stop()
+        await log_sweeper.stop()  # log retention
         if secrets is not None:
             await secrets.stop()
         grpc.close()
@@ -184,7 +243,13 @@ def main(argv: list[str] | None = None) -> None:
     daemon_main(
         "lattice-server",
         args.log_level,
-        lambda: serve(load_config(args.config), bootstrap=args.bootstrap),
+        lambda: serve(
+            load_config(args.config),
+            bootstrap=args.bootstrap,
+            recover_from=args.recover_from or "",
+            force=args.force,
+            config_path=args.config or "",
+        ),
     )
 
 

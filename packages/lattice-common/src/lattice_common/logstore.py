@@ -40,6 +40,25 @@ default; shared storage when the API and the agents are on different machines) a
 :class:`S3LogStore` (any S3-compatible service through aiobotocore; credentials are
 secret references in the configuration, resolved like every other secret).
 :func:`open_log_store` builds the configured one from ``storage``.
+
+Debug traces (spec: Telemetry, "Debug traces: Stored to
+s3://{tenant}/{project}/{job_id}/telemetry/"): while an allocation is in debug telemetry
+mode its agents write the raw 1 s samples beside its logs::
+
+    {tenant}/{project}/{alloc}/telemetry/{node}/trace_{N}.ndjson.zst
+    {tenant}/{project}/{alloc}/telemetry/metadata.json
+
+a trace chunk being zstd-compressed JSON lines, one sample each
+(``{"name":"cpu_utilization","labels":{...},"value":0.93,"ts_ms":1767225600000}``), and
+``metadata.json`` per node the chunk count, sample count and first/last timestamp.
+
+Sensitive allocations (spec: Sensitive Workloads, "Logs from sensitive allocations are
+encrypted at rest in the dedicated sensitive S3 pool") have their logs and traces in a
+second store of the same layout, ``storage.sensitive_log_store``
+(lattice_common.logcrypt.open_sensitive_log_store), every object of which is encrypted
+(lattice_common.logcrypt.EncryptedLogStore). Retention (``storage.log_retention_days``,
+``debug_trace_retention_days``, ``sensitive_log_retention_days``) deletes an ended
+allocation's prefix whole (:meth:`LogStore.delete`; lattice_api.log_retention).
 """
 
 from __future__ import annotations
@@ -48,6 +67,7 @@ import asyncio
 import contextlib
 import fcntl
 import heapq
+import logging
 import os
 import re
 import secrets
@@ -60,6 +80,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import zstandard
+
+_log = logging.getLogger("lattice.logstore")
 
 if TYPE_CHECKING:
     from lattice_common.config import StorageConfig
@@ -80,12 +102,21 @@ __all__ = [
     "SeqEnd",
     "StoredLine",
     "StreamMeta",
+    "TraceMetadata",
+    "TraceNodeMeta",
     "after",
     "allocation_logs",
+    "allocation_root",
     "decode_chunk",
+    "decode_metadata",
+    "decode_trace_chunk",
     "encode_chunk",
+    "encode_trace_chunk",
     "open_log_store",
     "project_of",
+    "trace_chunk_key",
+    "trace_chunk_number",
+    "trace_metadata_key",
 ]
 
 STREAMS = ("stdout", "stderr")
@@ -185,7 +216,8 @@ class LogMetadata(msgspec.Struct, kw_only=True):
         return self.streams.get(stream, {}).get(node)
 
 
-def _decode_metadata(data: bytes | None) -> LogMetadata | None:
+def decode_metadata(data: bytes | None) -> LogMetadata | None:
+    """``metadata.json`` (None: absent or unreadable)."""
     if not data:
         return None
     try:
@@ -202,6 +234,17 @@ def _component(name: str, what: str) -> str:
     if not name or name in (".", ".."):
         raise ValueError(f"log store: {what} {name!r} cannot name a folder")
     return urllib.parse.quote(name, safe="-_.@+=,:~")
+
+
+def allocation_root(tenant: str, project: str, allocation_id: str) -> str:
+    """``{tenant}/{project}/{alloc}``: the prefix of everything kept for an allocation."""
+    return "/".join(
+        (
+            _component(tenant or "default", "tenant"),
+            _component(project or DEFAULT_PROJECT, "project"),
+            _component(allocation_id, "allocation id"),
+        )
+    )
 
 
 def project_of(alloc: Allocation) -> str:
@@ -236,6 +279,10 @@ class LogStore(Protocol):
     async def update(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
         """Read, change and write an object so that concurrent updaters do not lose
         each other's changes (as far as the backend allows)."""
+        ...
+
+    async def delete(self, prefix: str) -> int:
+        """Delete every object whose key starts with ``prefix``; returns how many."""
         ...
 
     async def close(self) -> None: ...
@@ -305,6 +352,25 @@ class FsLogStore:
         finally:
             os.close(fd)  # releases the lock
 
+    def _delete(self, prefix: str) -> int:
+        n = 0
+        for key in self._list(prefix):
+            with contextlib.suppress(FileNotFoundError):
+                self._path(key).unlink()
+                n += 1
+        # the folders that held only what was deleted go too (never the root)
+        head, _, _ = prefix.rpartition("/")
+        base = self._path(head) if head else self.root
+        for dirpath, _dirs, _files in sorted(os.walk(base), key=lambda w: -len(w[0])):
+            p = Path(dirpath)
+            while p != self.root and p.is_relative_to(self.root):
+                try:
+                    p.rmdir()
+                except OSError:
+                    break
+                p = p.parent
+        return n
+
     async def _run(self, what: str, key: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return await asyncio.to_thread(fn, *args)
@@ -324,6 +390,9 @@ class FsLogStore:
 
     async def update(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
         await self._run("update", key, self._update, key, change)
+
+    async def delete(self, prefix: str) -> int:
+        return await self._run("delete", prefix, self._delete, prefix)
 
     async def close(self) -> None:
         return None
@@ -348,6 +417,7 @@ class S3LogStore:
         key_prefix: str = "",
         connect_timeout: float = 5.0,
         read_timeout: float = 30.0,
+        server_side_encryption: bool = False,
     ) -> None:
         if not bucket:
             raise ValueError("log store: S3 needs a bucket (storage.log_bucket)")
@@ -362,6 +432,24 @@ class S3LogStore:
         self._client: Any = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._lock: asyncio.Lock | None = None
+        # ask the server to encrypt too (SSE-S3, AES256) while it accepts the request;
+        # a server that refuses it is told once and then written to without it
+        self._sse = server_side_encryption
+
+    def _put_args(self) -> dict[str, Any]:
+        return {"ServerSideEncryption": "AES256"} if self._sse else {}
+
+    def _sse_refused(self, e: Exception) -> bool:
+        if not self._sse or _error_code(e) not in ("NotImplemented", "501", "InvalidArgument"):
+            return False
+        self._sse = False
+        _log.warning(
+            "log store %s: the server refuses server-side encryption (%s); objects are "
+            "still encrypted by Lattice",
+            self.name,
+            _error_code(e),
+        )
+        return True
 
     async def _s3(self) -> Any:
         if self._client is not None:
@@ -402,8 +490,12 @@ class S3LogStore:
     async def put(self, key: str, data: bytes) -> None:
         s3 = await self._s3()
         try:
-            await s3.put_object(Bucket=self.bucket, Key=self.key_prefix + key, Body=data)
+            await s3.put_object(
+                Bucket=self.bucket, Key=self.key_prefix + key, Body=data, **self._put_args()
+            )
         except Exception as e:
+            if self._sse_refused(e):
+                return await self.put(key, data)
             raise self._error("write", key, e) from None
 
     async def _get(self, key: str) -> tuple[bytes, str] | None:
@@ -444,10 +536,16 @@ class S3LogStore:
             cond = {"IfNoneMatch": "*"} if got is None else {"IfMatch": got[1]}
             try:
                 await s3.put_object(
-                    Bucket=self.bucket, Key=self.key_prefix + key, Body=data, **cond
+                    Bucket=self.bucket,
+                    Key=self.key_prefix + key,
+                    Body=data,
+                    **cond,
+                    **self._put_args(),
                 )
                 return
             except Exception as e:
+                if self._sse_refused(e):
+                    continue
                 code = _error_code(e)
                 if code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
                     continue  # someone else wrote it first: read again
@@ -456,6 +554,33 @@ class S3LogStore:
                     return
                 raise self._error("update", key, e) from None
         raise LogStoreError(f"log store {self.name}: {key} keeps changing under us")
+
+    async def delete(self, prefix: str) -> int:
+        """DeleteObjects in batches of 1000 (the S3 limit) over the listing."""
+        keys = await self.list(prefix)
+        s3 = await self._s3()
+        n = 0
+        for i in range(0, len(keys), 1000):
+            batch = keys[i : i + 1000]
+            try:
+                resp = await s3.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={
+                        "Objects": [{"Key": self.key_prefix + k} for k in batch],
+                        "Quiet": True,
+                    },
+                )
+            except Exception as e:
+                raise self._error("delete", prefix, e) from None
+            errors = resp.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise LogStoreError(
+                    f"log store {self.name}: cannot delete {first.get('Key', prefix)}: "
+                    f"{first.get('Code', '')}: {first.get('Message', '')}"
+                )
+            n += len(batch)
+        return n
 
     async def create_bucket(self) -> None:
         """Create the bucket if it does not exist (tests and dev clusters)."""
@@ -542,14 +667,7 @@ class AllocationLogs:
         self.tenant = tenant or "default"
         self.project = project or DEFAULT_PROJECT
         self.allocation_id = allocation_id
-        self.prefix = "/".join(
-            (
-                _component(self.tenant, "tenant"),
-                _component(self.project, "project"),
-                _component(allocation_id, "allocation id"),
-                "logs",
-            )
-        )
+        self.prefix = allocation_root(self.tenant, self.project, allocation_id) + "/logs"
 
     # --- keys ------------------------------------------------------------------------
 
@@ -590,7 +708,7 @@ class AllocationLogs:
         """Put this node's entries into ``metadata.json`` (other nodes' are kept)."""
 
         def change(old: bytes | None) -> bytes:
-            meta = _decode_metadata(old) or LogMetadata()
+            meta = decode_metadata(old) or LogMetadata()
             meta.allocation_id = self.allocation_id
             meta.tenant = self.tenant
             meta.project = self.project
@@ -604,7 +722,7 @@ class AllocationLogs:
     # --- reading ---------------------------------------------------------------------
 
     async def metadata(self) -> LogMetadata | None:
-        return _decode_metadata(await self.store.get(self.metadata_key))
+        return decode_metadata(await self.store.get(self.metadata_key))
 
     async def chunks(self) -> dict[tuple[str, str], list[int]]:
         """(stream, node) -> its chunk numbers, ascending, from the listing."""
@@ -777,6 +895,79 @@ def after(end: SeqEnd | None, ts: float, seen_at_ts: int) -> bool:
     if ts != end.last_ts:
         return ts > end.last_ts
     return seen_at_ts > end.at_last_ts
+
+
+# --------------------------------------------------------------------------- debug traces
+
+
+class _TraceSample(msgspec.Struct):
+    name: str
+    labels: dict[str, str]
+    value: float
+    ts_ms: int
+
+
+_TRACE_DECODER = msgspec.json.Decoder(_TraceSample)
+_TRACE_RE = re.compile(r"trace_(\d+)\.ndjson\.zst")
+
+
+def encode_trace_chunk(samples: Iterable[tuple[str, Mapping[str, str], float, int]]) -> bytes:
+    """``(name, labels, value, ts_ms)`` samples as one compressed trace chunk."""
+    raw = _ENCODER.encode_lines(
+        [_TraceSample(n, dict(lb), float(v), int(ts)) for n, lb, v, ts in samples]
+    )
+    return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(raw)
+
+
+def decode_trace_chunk(data: bytes) -> list[tuple[str, dict[str, str], float, int]]:
+    """The samples of a trace chunk; ValueError when it is not one."""
+    try:
+        raw = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+        return [(r.name, r.labels, r.value, r.ts_ms) for r in _TRACE_DECODER.decode_lines(raw)]
+    except (zstandard.ZstdError, msgspec.DecodeError) as e:
+        raise ValueError(f"not a trace chunk: {e}") from None
+
+
+def trace_chunk_key(root: str, node: str, n: int) -> str:
+    return f"{root}/telemetry/{_component(node, 'node')}/trace_{n:06d}.ndjson.zst"
+
+
+def trace_metadata_key(root: str) -> str:
+    return f"{root}/telemetry/metadata.json"
+
+
+def trace_chunk_number(key: str) -> int | None:
+    m = _TRACE_RE.fullmatch(key.rpartition("/")[2])
+    return int(m.group(1)) if m else None
+
+
+class TraceNodeMeta(msgspec.Struct, kw_only=True):
+    chunks: int = 0
+    samples: int = 0
+    first_ts: float | None = None
+    last_ts: float | None = None
+
+
+class TraceMetadata(msgspec.Struct, kw_only=True):
+    """``telemetry/metadata.json``: what each node's trace chunks hold."""
+
+    version: int = METADATA_VERSION
+    allocation_id: str = ""
+    updated_at: float = 0.0
+    nodes: dict[str, TraceNodeMeta] = msgspec.field(default_factory=dict)
+
+
+def decode_trace_metadata(data: bytes | None) -> TraceMetadata | None:
+    if not data:
+        return None
+    try:
+        return msgspec.json.decode(data, type=TraceMetadata)
+    except msgspec.DecodeError:
+        return None
+
+
+def encode_trace_metadata(meta: TraceMetadata) -> bytes:
+    return msgspec.json.format(msgspec.json.encode(meta), indent=1)
 
 
 # --------------------------------------------------------------------------- config

@@ -24,6 +24,16 @@ that the next successful flush writes.
   ring buffer at that offset, and nothing is shipped twice or skipped. A crash between
   a chunk and the state write re-ships that chunk's bytes under the same number (same
   lines, the same object rewritten).
+
+Sensitive allocations (spec: Sensitive Workloads, "Logs from sensitive allocations are
+encrypted at rest in the dedicated sensitive S3 pool") go to the sensitive pool
+(``storage.sensitive_log_store``, every object encrypted, lattice_common.logcrypt) and
+never to the ordinary store: :class:`LogPools` decides per allocation, before its first
+chunk, by asking the quorum whether this node is claimed (sensitive work claims its nodes
+when it is assigned, and the claim outlives it). Until the answer is in nothing is
+written (the files keep the output); without a sensitive pool a sensitive allocation's
+output stays on the node only, said once in the log and counted in
+``lattice_agent_log_sensitive_local_total``.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +67,18 @@ from lattice_agent.logtail import LogTail, decode_line, split_lines
 
 log = logging.getLogger("lattice.agent.logs")
 
-__all__ = ["LogShipper", "state_path_for"]
+__all__ = [
+    "POOL_LOCAL",
+    "POOL_ORDINARY",
+    "POOL_SENSITIVE",
+    "LogPools",
+    "LogShipper",
+    "state_path_for",
+]
+
+POOL_ORDINARY = "ordinary"
+POOL_SENSITIVE = "sensitive"
+POOL_LOCAL = "local"  # kept on the node only
 
 STATE_VERSION = 1
 
@@ -74,6 +95,82 @@ FLUSH_FAILURES = Counter(
     "Log flushes that failed (the store unreachable, ...); retried at the next interval",
     ["node_id"],
 )
+
+
+SENSITIVE_LOCAL = Counter(
+    "lattice_agent_log_sensitive_local_total",
+    "Sensitive allocations whose output stays on the node (no sensitive log pool configured)",
+    ["node_id"],
+)
+
+
+class LogPools:
+    """Which store an allocation's output (logs, debug traces) goes to: the ordinary log
+    store, the encrypted sensitive pool, or none (``local``). ``classify(alloc_id)``
+    answers whether the allocation is sensitive (it raises when it cannot tell yet);
+    without it every allocation is ordinary. Answers are kept per allocation."""
+
+    def __init__(
+        self,
+        ordinary: LogStore | None,
+        sensitive: LogStore | None = None,
+        *,
+        node_id: str = "",
+        classify: Callable[[str], Awaitable[bool]] | None = None,
+    ) -> None:
+        self.ordinary = ordinary
+        self.sensitive = sensitive
+        self.node_id = node_id
+        self._classify = classify
+        self._pools: dict[str, str] = {}
+
+    def known(self, alloc_id: str) -> str | None:
+        return self._pools.get(alloc_id)
+
+    def remember(self, alloc_id: str, pool: str) -> None:
+        self._pools[alloc_id] = pool
+
+    def forget(self, alloc_id: str) -> None:
+        self._pools.pop(alloc_id, None)
+
+    async def pool_of(self, alloc_id: str) -> str:
+        """The allocation's pool (classified once; exceptions of ``classify`` pass)."""
+        pool = self._pools.get(alloc_id)
+        if pool is not None:
+            return pool
+        try:
+            sensitive = await self._classify(alloc_id) if self._classify is not None else False
+        except Exception as e:  # unknown: nothing is written until it is known
+            raise LogStoreError(
+                f"cannot tell yet whether allocation {alloc_id} is sensitive "
+                f"(its log pool): {e or type(e).__name__}"
+            ) from None
+        if sensitive:
+            pool = POOL_SENSITIVE if self.sensitive is not None else POOL_LOCAL
+            if pool == POOL_LOCAL:
+                SENSITIVE_LOCAL.labels(self.node_id).inc()
+                log.warning(
+                    "allocation %s is sensitive and no sensitive log pool is configured "
+                    "(storage.sensitive_log_store: none): its output stays on this node only",
+                    alloc_id,
+                )
+        else:
+            pool = POOL_ORDINARY if self.ordinary is not None else POOL_LOCAL
+        self._pools[alloc_id] = pool
+        return pool
+
+    def store(self, pool: str) -> LogStore | None:
+        if pool == POOL_SENSITIVE:
+            return self.sensitive
+        if pool == POOL_ORDINARY:
+            return self.ordinary
+        return None
+
+    async def close(self) -> None:
+        for store in (self.ordinary, self.sensitive):
+            if store is not None:
+                with contextlib.suppress(Exception):
+                    await store.close()
 
 
 def state_path_for(state_file: Path) -> Path:
@@ -94,6 +191,7 @@ class _Shipment:
     #: that batch's timestamp
     ends: dict[str, list[int]] = field(default_factory=lambda: {s: [] for s in STREAMS})
     stamps: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in STREAMS})
+    pool: str | None = None  # LogPools' answer; None: not asked yet (nothing written)
     resumed: bool = False  # the same run as before an agent restart (not a new run)
     synced: bool = False  # the store's metadata was consulted for the chunk numbers
     final: bool = False  # the allocation has ended: ship everything, then complete
@@ -107,20 +205,24 @@ class _Shipment:
 
 
 class LogShipper:
-    """Flushes the output of every allocation it tracks into ``store``; see the module
-    docstring. Owns the store (``close`` closes it)."""
+    """Flushes the output of every allocation it tracks into ``store`` (or, with
+    ``pools``, the store its pool names); see the module docstring. Owns the stores
+    (``close`` closes them)."""
 
     def __init__(
         self,
-        store: LogStore,
+        store: LogStore | None,
         *,
         node_id: str,
+        pools: LogPools | None = None,
         state_path: Path,
         interval: float = 10.0,
         final_timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.store = store
+        self.pools = pools if pools is not None else LogPools(store, node_id=node_id)
+        # the ordinary store; sensitive output goes to self.pools.sensitive
+        self.store = self.pools.ordinary
         self.node_id = node_id
         self.state_path = Path(state_path)
         self.interval = float(interval)
@@ -146,13 +248,17 @@ class LogShipper:
             sm.complete = False
             streams[s] = sm
         try:
-            logs = allocation_logs(self.store, alloc)
+            # bound to its pool's store at the first flush (LogPools.pool_of)
+            logs = allocation_logs(_UNBOUND, alloc)
         except ValueError as e:  # a name that cannot be a key: the files keep the output
             log.error("not shipping the logs of %s: %s", alloc.id, e)
             return
-        sh = self._add(alloc.id, logs, tail, streams, resumed=False)
+        pool = (prev or {}).get("pool") if prev is not None else None
+        if pool is None:
+            self.pools.forget(alloc.id)  # a new run is classified afresh
+        sh = self._add(alloc.id, logs, tail, streams, resumed=False, pool=pool)
         self._save()
-        log.debug("shipping the logs of %s to %s/%s", sh.alloc_id, self.store.name, logs.prefix)
+        log.debug("shipping the logs of %s (%s)", sh.alloc_id, logs.prefix)
 
     def offsets(self, alloc_id: str) -> dict[str, int] | None:
         """Where a recovered allocation's ring buffer starts: the offsets shipped so far
@@ -170,11 +276,11 @@ class LogShipper:
             return
         streams = {s: _stream_meta(saved.get("streams", {}).get(s)) for s in STREAMS}
         try:
-            logs = AllocationLogs(self.store, saved["tenant"], saved["project"], alloc_id)
+            logs = AllocationLogs(_UNBOUND, saved["tenant"], saved["project"], alloc_id)
         except ValueError as e:
             log.error("not shipping the logs of %s: %s", alloc_id, e)
             return
-        sh = self._add(alloc_id, logs, tail, streams, resumed=True)
+        sh = self._add(alloc_id, logs, tail, streams, resumed=True, pool=saved.get("pool"))
         if ended:
             sh.final = True
             self._wake.set()
@@ -196,7 +302,7 @@ class LogShipper:
             log.warning(
                 "final log flush of %s to %s took more than %.0fs; retrying in the background",
                 alloc_id,
-                self.store.name,
+                sh.logs.store.name,
                 self.final_timeout,
             )
             return False
@@ -236,8 +342,7 @@ class LogShipper:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.flush(), timeout)
         self._save()
-        with contextlib.suppress(Exception):
-            await self.store.close()
+        await self.pools.close()
 
     # ------------------------------------------------------------------ internals
 
@@ -249,9 +354,13 @@ class LogShipper:
         streams: dict[str, StreamMeta],
         *,
         resumed: bool,
+        pool: str | None = None,
     ) -> _Shipment:
         paths = {s: Path(tail.paths[s]) for s in STREAMS}
         sh = _Shipment(alloc_id, logs, paths, tail, streams, resumed=resumed)
+        if pool is not None:
+            self.pools.remember(alloc_id, pool)
+            self._bind(sh, pool)
         self._ships[alloc_id] = sh
 
         def on_batch(stream: str, end: int, ts: float) -> None:
@@ -305,9 +414,28 @@ class LogShipper:
                 local.chunks = max(local.chunks, numbers[-1] + 1)
         sh.synced = True
 
+    def _bind(self, sh: _Shipment, pool: str) -> None:
+        sh.pool = pool
+        store = self.pools.store(pool)
+        if store is not None:
+            sh.logs.store = store
+
     async def _flush_one(self, sh: _Shipment) -> None:
         async with sh.lock:
             if sh.complete and not sh.unpublished:
+                return
+            if sh.pool is None:
+                # before anything is written: which pool (raises while it cannot tell)
+                self._bind(sh, await self.pools.pool_of(sh.alloc_id))
+                self._record(sh)
+                self._save()
+            if sh.pool == POOL_LOCAL:
+                # kept on the node: nothing to ship; done once the allocation has ended
+                if sh.final:
+                    sh.complete = True
+                    self._record(sh)
+                    self._save()
+                    self._ships.pop(sh.alloc_id, None)
                 return
             if not sh.synced:
                 await self._sync(sh)
@@ -327,11 +455,11 @@ class LogShipper:
                 await sh.logs.publish(self.node_id, sh.streams)
                 sh.unpublished = False
             if sh.failures:
-                log.info("log flush of %s to %s works again", sh.alloc_id, self.store.name)
+                log.info("log flush of %s to %s works again", sh.alloc_id, sh.logs.store.name)
                 sh.failures = 0
             if sh.complete:
                 self._ships.pop(sh.alloc_id, None)
-                log.debug("logs of %s complete in %s", sh.alloc_id, self.store.name)
+                log.debug("logs of %s complete in %s", sh.alloc_id, sh.logs.store.name)
 
     async def _ship_stream(self, sh: _Shipment, s: str) -> bool:
         meta = sh.streams[s]
@@ -388,6 +516,7 @@ class LogShipper:
             "tenant": sh.logs.tenant,
             "project": sh.logs.project,
             "complete": sh.complete,
+            "pool": sh.pool,
             "streams": {s: msgspec.to_builtins(sh.streams[s]) for s in STREAMS},
         }
 
@@ -439,6 +568,33 @@ class LogShipper:
             log.error("cannot write log shipper state %s: %s", path, e)
             with contextlib.suppress(OSError):
                 tmp.unlink()
+
+
+class _Unbound:
+    """The store of a shipment whose pool is not known yet: never written to."""
+
+    name = "(pool not known yet)"
+
+    async def put(self, key: str, data: bytes) -> None:
+        raise LogStoreError(f"{key}: the allocation's log pool is not known yet")
+
+    async def get(self, key: str) -> bytes | None:
+        raise LogStoreError(f"{key}: the allocation's log pool is not known yet")
+
+    async def list(self, prefix: str) -> list[str]:
+        raise LogStoreError(f"{prefix}: the allocation's log pool is not known yet")
+
+    async def update(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
+        raise LogStoreError(f"{key}: the allocation's log pool is not known yet")
+
+    async def delete(self, prefix: str) -> int:
+        raise LogStoreError(f"{prefix}: the allocation's log pool is not known yet")
+
+    async def close(self) -> None:
+        return None
+
+
+_UNBOUND: LogStore = _Unbound()
 
 
 def _stream_meta(d: Any) -> StreamMeta:

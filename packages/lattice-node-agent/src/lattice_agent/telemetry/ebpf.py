@@ -77,7 +77,7 @@ from typing import Any
 
 from prometheus_client import Gauge
 
-from lattice_agent.telemetry.proc import parse_stat
+from lattice_agent.telemetry.members import by_process_group, scope_pids, target_pids
 from lattice_agent.telemetry.samples import NETWORK_RX_BYTES, NETWORK_TX_BYTES, Target
 
 log = logging.getLogger("lattice.agent.telemetry")
@@ -533,12 +533,12 @@ class EbpfSource:
             v2 = self._v2_dir(t)
             if v2 != a.cgroup_dir:
                 self._register_cgroup(a, v2)
-            members = self._scope_pids(t)
-            if members is None:
+            pids = scope_pids(t)
+            if pids is None:
                 if by_pgid is None:
-                    by_pgid = self._scan()
-                members = [p for g in t.pgids for p in by_pgid.get(g, ())]
-            self._seed(a, members)
+                    by_pgid = by_process_group(self.proc)
+                pids = target_pids(t, by_pgid)
+            self._seed(a, pids)
             now = self._mono()
             snap = _Snap.of(now, self._read(a.slot))
             prev, a.prev = a.prev, snap
@@ -708,40 +708,6 @@ class EbpfSource:
             os.close(a.net_fd)
         a.net_fd = None
         a.net_since = None
-
-    # --- processes ----------------------------------------------------------------------------
-
-    @staticmethod
-    def _scope_pids(t: Target) -> list[int] | None:
-        """The processes of the target's scope (None: it has none, or it is gone)."""
-        if t.scope is None:
-            return None
-        for d in t.scope.dirs.values():
-            try:
-                text = (d / "cgroup.procs").read_text()
-            except OSError:
-                continue
-            return [int(x) for x in text.split() if x.isdigit()]
-        return None
-
-    def _scan(self) -> dict[int, list[int]]:
-        """Every process on the node by process group (one pass over /proc)."""
-        by_pgid: dict[int, list[int]] = {}
-        try:
-            names = os.listdir(self.proc)
-        except OSError:
-            return by_pgid
-        for name in names:
-            if not name.isdigit():
-                continue
-            try:
-                with open(self.proc / name / "stat", "rb") as f:
-                    info = parse_stat(int(name), f.read())
-            except OSError:
-                continue
-            if info is not None:
-                by_pgid.setdefault(info.pgrp, []).append(info.pid)
-        return by_pgid
 
 
 def ebpf_source(*, on_state: Callable[[bool], None] | None = None, **kw: Any) -> EbpfSource | None:

@@ -64,7 +64,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from lattice_agent.telemetry.ebpf import BCC_DIR, load_bcc, probe, programs_dir
-from lattice_agent.telemetry.proc import parse_stat
+from lattice_agent.telemetry.members import members
 from lattice_agent.telemetry.samples import MODE_AUDIT, Target
 
 log = logging.getLogger("lattice.agent.telemetry.fileaudit")
@@ -277,53 +277,6 @@ class Outbox:
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def scope_pids(t: Target) -> list[int] | None:
-    """The processes of the target's cgroup scope (None: it has none, or it is gone)."""
-    if t.scope is None:
-        return None
-    for d in t.scope.dirs.values():
-        try:
-            text = (d / "cgroup.procs").read_text()
-        except OSError:
-            continue
-        return [int(x) for x in text.split() if x.isdigit()]
-    return None
-
-
-def by_process_group(proc: Path) -> dict[int, list[int]]:
-    """Every process on the node by process group (one pass over /proc)."""
-    out: dict[int, list[int]] = {}
-    try:
-        names = os.listdir(proc)
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(proc / name / "stat", "rb") as f:
-                info = parse_stat(int(name), f.read())
-        except OSError:
-            continue
-        if info is not None:
-            out.setdefault(info.pgrp, []).append(info.pid)
-    return out
-
-
-def members(targets: Sequence[Target], proc: Path) -> dict[str, list[int]]:
-    """Each target's processes: its scope's ``cgroup.procs``, else its process groups."""
-    out: dict[str, list[int]] = {}
-    groups: dict[int, list[int]] | None = None
-    for t in targets:
-        pids = scope_pids(t)
-        if pids is None:
-            if groups is None:
-                groups = by_process_group(proc)
-            pids = [p for g in t.pgids for p in groups.get(g, ())]
-        out[t.alloc_id] = pids
-    return out
 
 
 def _boot_offset() -> float:

@@ -216,6 +216,8 @@ class TelemetryLoop:
         self._latest: dict[str, Reading] = {}
         self._known: set[str] = set()
         self._errors: dict[str, str] = {}  # source -> last error said (said once)
+        # debug traces: each debug-mode collection's raw samples (telemetry/traces.py)
+        self.on_raw: Callable[[Reading, list[Sample]], None] | None = None
         for s in self.sources:
             SOURCE.labels(s.name).set(1)
 
@@ -311,7 +313,10 @@ class TelemetryLoop:
                 self.windows.add(reading)
                 mode = self.modes.get(t.alloc_id, at)
                 if mode == MODE_DEBUG:
-                    samples.extend(raw_samples(reading))
+                    raw = raw_samples(reading)
+                    samples.extend(raw)
+                    if self.on_raw is not None:
+                        self.on_raw(reading, raw)
                 self.hub.reading(reading, mode)  # alerts, live watchers
         closed = self.windows.close(self._clock(), lag=_CLOSE_LAG)
         samples.extend(closed)
@@ -369,21 +374,38 @@ def running_targets(
     assigned: Mapping[str, Allocation],
     reports: Iterable[AllocationReport],
     cgroups: CgroupManager | None = None,
+    extra: Mapping[str, Sequence[int]] | None = None,
 ) -> list[Target]:
     """The allocations running on this node as telemetry targets: those the runtime
     reports ``running`` with a process (its session leader: pgid = pid) and the desired
-    state assigns here (their labels), with their cgroup scope when cgroups are in use."""
+    state assigns here (their labels), with their cgroup scope when cgroups are in use.
+    ``extra``: allocation id -> more process groups of it on this node (task launches'
+    ranks, attach sessions), which also make a target of an allocation whose batch
+    script runs on another node (a multi-node allocation's other nodes)."""
     out: list[Target] = []
+    extra = extra or {}
+    seen: set[str] = set()
     for r in reports:
         if r.phase != "running" or r.pid <= 0:
             continue
         alloc = assigned.get(r.allocation_id)
         if alloc is None:
             continue
-        scope = cgroups.scope(alloc.id) if cgroups is not None and cgroups.available else None
-        gpus = allocation_gpus(alloc.spec.tags)
-        out.append(Target(AllocLabels.of(alloc, node_id), (r.pid,), scope, gpus))
+        seen.add(alloc.id)
+        out.append(_target(node_id, alloc, (r.pid, *extra.get(alloc.id, ())), cgroups))
+    for aid, groups in extra.items():
+        alloc = assigned.get(aid)
+        if aid in seen or alloc is None or not groups:
+            continue
+        out.append(_target(node_id, alloc, tuple(groups), cgroups))
     return out
+
+
+def _target(
+    node_id: str, alloc: Allocation, pgids: tuple[int, ...], cgroups: CgroupManager | None
+) -> Target:
+    scope = cgroups.scope(alloc.id) if cgroups is not None and cgroups.available else None
+    return Target(AllocLabels.of(alloc, node_id), pgids, scope, allocation_gpus(alloc.spec.tags))
 
 
 def telemetry_loop(

@@ -27,14 +27,13 @@ counts since the driver loaded), ``gpu_pcie_tx_bytes``/``gpu_pcie_rx_bytes`` and
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from lattice_agent.telemetry.members import by_process_group, target_pids
 from lattice_agent.telemetry.samples import (
     GPU_MEMORY_TOTAL,
     GPU_MEMORY_USED,
@@ -331,7 +330,7 @@ def _memory_of(proc: Any) -> int | None:
 class NvmlSource:
     """The ``nvml`` telemetry source (:class:`~lattice_agent.telemetry.samples.Source`).
     ``pids_of(target)`` answers the processes of an allocation (for GPUs several
-    allocations claim); by default its process groups' members from ``/proc``."""
+    allocations claim); by default its scope's or its process groups' members."""
 
     name = "nvml"
 
@@ -343,7 +342,7 @@ class NvmlSource:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.nvml = nvml
-        self._pids_of = pids_of or _group_members
+        self._pids_of = pids_of or (lambda t: set(target_pids(t, by_process_group())))
         self._clock = clock
         count = nvml.nvmlDeviceGetCount()
         self.handles = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
@@ -379,27 +378,6 @@ class NvmlSource:
 
     def close(self) -> None:
         _try(self.nvml.nvmlShutdown)
-
-
-def _group_members(t: Target, proc_root: str = "/proc") -> set[int]:
-    """The pids whose process group is one of the allocation's (``Target.pgids``)."""
-    pgids = set(t.pgids)
-    out: set[int] = set()
-    try:
-        names = os.listdir(proc_root)
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(proc_root, name, "stat").read_bytes()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) in pgids:
-            out.add(int(name))
-    return out
 
 
 def nvml_source(*, on_state: Callable[[bool, str], None] | None = None) -> NvmlSource | None:
