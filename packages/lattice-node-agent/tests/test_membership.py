@@ -1,0 +1,84 @@
+"""Membership changes told to a real job: ``$LATTICE_NODES_FILE`` and SIGUSR2 to the
+processes of its group that handle it (lattice_agent.membership)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from lattice_agent import membership
+from lattice_agent.membership import Membership, plan
+from lattice_common.types import Allocation, AllocationReport, AllocationState
+from lattice_test_harness import builders
+
+
+def alloc(nodes: list[str], state: AllocationState = AllocationState.RUNNING) -> Allocation:
+    a = builders.allocation(id="a1", state=state, nodes=4, min_nodes=2)
+    a.assigned_nodes = nodes
+    return a
+
+
+def test_plan_writes_first_and_tells_only_of_changes() -> None:
+    a = alloc(["n0", "n1"])
+    assert plan("n0", {"a1": a}, {}, ["a1"]) == [membership.Update("a1", ("n0", "n1"), False)]
+    assert plan("n0", {"a1": a}, {"a1": ("n0", "n1")}, ["a1"]) == []
+    grown = alloc(["n0", "n1", "n2"])
+    assert plan("n0", {"a1": grown}, {"a1": ("n0", "n1")}, ["a1"]) == [
+        membership.Update("a1", ("n0", "n1", "n2"), True)
+    ]
+    # not running here yet: written, nobody to tell
+    assert plan("n0", {"a1": grown}, {"a1": ("n0", "n1")}, []) == [
+        membership.Update("a1", ("n0", "n1", "n2"), False)
+    ]
+    # only the head node writes; a preempted allocation's list is left alone
+    assert plan("n1", {"a1": grown}, {}, ["a1"]) == []
+    assert plan("n0", {"a1": alloc(["n0"], AllocationState.CHECKPOINTING)}, {}, ["a1"]) == []
+
+
+def wait_for(fn, timeout: float = 10.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if got := fn():
+            return got
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_a_real_job_reads_the_file_on_sigusr2_and_others_are_left_alone(tmp_path: Path) -> None:
+    m = Membership("n0", tmp_path)
+    nodes_file = m.path("a1")
+    out = tmp_path / "out.txt"
+    m.sync({"a1": alloc(["n0", "n1"])}, [])  # before the job starts: the file exists
+    assert nodes_file.read_text() == "n0\nn1\n"
+    job = (
+        f'trap \'echo "$(tr "\\n" " " < {nodes_file})" >> {out}\' USR2; '
+        f"echo ready >> {out}; "
+        # a child that does not handle SIGUSR2 (it would die of it)
+        "sleep 300 & "
+        "while true; do sleep 0.2; done"
+    )
+    p = subprocess.Popen(["/bin/sh", "-c", job], start_new_session=True)
+    try:
+        wait_for(lambda: out.exists() and "ready" in out.read_text())
+        report = AllocationReport(allocation_id="a1", phase="running", pid=p.pid)
+        m.sync({"a1": alloc(["n0", "n1", "n2"])}, [report])
+        assert nodes_file.read_text() == "n0\nn1\nn2\n"
+        wait_for(lambda: "n0 n1 n2" in out.read_text())
+        m.sync({"a1": alloc(["n0", "n1", "n2"])}, [report])  # no change: no signal
+        m.sync({"a1": alloc(["n0", "n2"])}, [report])
+        wait_for(lambda: out.read_text().splitlines()[-1].strip() == "n0 n2")
+        assert out.read_text().count("n0") == 2
+        assert m.signalled == 2
+        # the background sleep (no handler) is alive: nothing was killed
+        members = [pid for pid, st in membership.group_members(p.pid) if st.state != "Z"]
+        assert len(members) >= 2 and p.poll() is None
+        # a restarted agent compares with the file on disk and still tells the job
+        again = Membership("n0", tmp_path)
+        again.sync({"a1": alloc(["n0", "n2", "n3"])}, [report])
+        wait_for(lambda: out.read_text().splitlines()[-1].strip() == "n0 n2 n3")
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
