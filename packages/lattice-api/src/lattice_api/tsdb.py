@@ -25,20 +25,30 @@ import math
 import re
 import time as _time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from lattice_common.errors import LatticeError, Unavailable, ValidationError
+from lattice_common.promql import (
+    aggregate,
+    check_label_name,
+    check_metric_name,
+    escape_label_value,
+    matcher,
+    quote,
+    regex_literal,
+    rollup,
+    scope_params,
+    selector,
+    window,
+)
 
 log = logging.getLogger("lattice.api.tsdb")
 
 #: seconds one TSDB request may take
 DEFAULT_TIMEOUT = 10.0
 
-LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
-MATCH_OPS = ("=", "!=", "=~", "!~")
 
 NOT_CONFIGURED_HINT = (
     "The cluster's telemetry.tsdb_endpoint is empty: the operators set it to the "
@@ -51,132 +61,7 @@ DOWN_HINT = (
 )
 
 
-# --- pure helpers ---------------------------------------------------------------------
-
-
-def escape_label_value(value: str) -> str:
-    """``value`` as the inside of a double-quoted PromQL string: ``\\`` and ``"``
-    escaped, newline, carriage return and tab as ``\\n \\r \\t``, every other control
-    character (C0, DEL, C1) and the Unicode line separators as ``\\uXXXX``. Both
-    PromQL's and MetricsQL's string syntax (Go's) read it back as ``value``; so does
-    JSON's, which the tests use as the reference. A value that cannot be sent as UTF-8
-    (a lone surrogate) is a ValidationError."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValidationError(
-            "a label value is not valid text", hint="Use printable characters only."
-        ) from None
-    out = []
-    for ch in value:
-        code = ord(ch)
-        if ch == "\\":
-            out.append("\\\\")
-        elif ch == '"':
-            out.append('\\"')
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif code < 0x20 or 0x7F <= code < 0xA0 or code in (0x2028, 0x2029):
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def quote(value: str) -> str:
-    """A PromQL string literal holding exactly ``value``."""
-    return '"' + escape_label_value(value) + '"'
-
-
-_REGEX_SPECIAL = frozenset("\\.+*?()|[]{}^$")
-
-
-def regex_literal(value: str) -> str:
-    """``value`` as a regular expression (RE2) matching only itself."""
-    return "".join("\\" + ch if ch in _REGEX_SPECIAL else ch for ch in value)
-
-
-def check_label_name(name: str) -> str:
-    if not LABEL_NAME.match(name):
-        raise ValueError(f"not a label name: {name!r}")
-    return name
-
-
-def check_metric_name(name: str) -> str:
-    if not METRIC_NAME.match(name):
-        raise ValueError(f"not a metric name: {name!r}")
-    return name
-
-
-def matcher(name: str, op: str, value: str) -> str:
-    """One label matcher, ``name op "value"`` with the value quoted."""
-    if op not in MATCH_OPS:
-        raise ValueError(f"not a label matcher: {op!r}")
-    return f"{check_label_name(name)}{op}{quote(value)}"
-
-
-def selector(
-    labels: Mapping[str, str] | None = None,
-    *,
-    names: Sequence[str] = (),
-    regex: Mapping[str, Sequence[str]] | None = None,
-) -> str:
-    """A series selector: ``{__name__=~"a|b", l="v", r=~"x|y"}``.
-
-    ``names`` are metric names (one: ``__name__="a"``); ``labels`` equality matchers;
-    ``regex`` label -> the values any of which may match (each value matched literally).
-    At least one matcher must be given."""
-    parts: list[str] = []
-    if names:
-        for n in names:
-            check_metric_name(n)
-        if len(names) == 1:
-            parts.append(matcher("__name__", "=", names[0]))
-        else:
-            parts.append(matcher("__name__", "=~", "|".join(regex_literal(n) for n in names)))
-    for name, value in (labels or {}).items():
-        parts.append(matcher(name, "=", value))
-    for name, values in (regex or {}).items():
-        if not values:
-            raise ValueError(f"no values to match for {name!r}")
-        parts.append(matcher(name, "=~", "|".join(regex_literal(v) for v in values)))
-    if not parts:
-        raise ValueError("a selector needs at least one matcher")
-    return "{" + ", ".join(parts) + "}"
-
-
-def window(seconds: float) -> str:
-    """A PromQL duration for ``seconds`` (whole milliseconds, at least 1 ms)."""
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"not a positive duration: {seconds!r}")
-    ms = max(1, round(seconds * 1000))
-    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
-
-
-def rollup(func: str, sel: str, seconds: float, *, keep_metric_names: bool = False) -> str:
-    """``func(sel[window])``, with MetricsQL's ``keep_metric_names`` when asked (the
-    series keep their ``__name__``, so one query can serve several metrics)."""
-    check_label_name(func)
-    expr = f"{func}({sel}[{window(seconds)}])"
-    return expr + " keep_metric_names" if keep_metric_names else expr
-
-
-def aggregate(op: str, by: Sequence[str], expr: str) -> str:
-    """``op by (a, b) (expr)``."""
-    check_label_name(op)
-    return f"{op} by ({', '.join(check_label_name(b) for b in by)}) ({expr})"
-
-
-def scope_params(scope: Mapping[str, str]) -> list[tuple[str, str]]:
-    """The ``extra_label`` URL parameters that confine a query to ``scope``: the TSDB
-    adds ``NAME="VALUE"`` to every series selector of the query, the value taken as it is
-    (everything after the first ``=``), so nothing in it is syntax."""
-    return [("extra_label", f"{check_label_name(k)}={v}") for k, v in scope.items()]
-
+# --- pure helpers (PromQL text: lattice_common.promql) -----------------------------------
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}

@@ -17,6 +17,7 @@ Steps, by the vCluster's scheduler type:
   have no walltime to reserve around: the solver's tightest-fitting-group choice packs
   them densely) and ``sensitive-reservation``;
 * node ranges: allocations with {min_nodes, nodes} take what is free, down to min;
+  reactive allocations start with exactly min_nodes (the autoscaler grows them);
 * elastic borrowing (not for sensitive work, not of sensitive pools): still-blocked
   preemptible work goes to idle nodes of other vClusters' pools;
 * preemption: victims for the top blocked allocations.
@@ -41,6 +42,7 @@ from lattice_common.types import (
     Allocation,
     AllocationState,
     CostWeights,
+    LifecycleType,
     Node,
     SchedulerType,
     claimant,
@@ -152,9 +154,20 @@ def queue(
     holding = [allocs[i] for i in m.holding]
     if not pending:
         return [], holding, []
+    pending = [starting_size(a) for a in pending]
     pending, limited = limit_task_groups(pending, holding)
     pending, waiting = limit_mutexes(pending, holding)
     return pending, holding, [*limited, *waiting]
+
+
+def starting_size(a: Allocation) -> Allocation:
+    """A reactive allocation starts with ``min_nodes`` (spec: Autoscaling, Scaling Loop)
+    and the autoscaler grows it; the cycle considers it as asking for exactly that."""
+    if a.spec.lifecycle != LifecycleType.REACTIVE or not a.spec.min_nodes:
+        return a
+    return msgspec.structs.replace(
+        a, spec=msgspec.structs.replace(a.spec, nodes=a.spec.min_nodes, min_nodes=0)
+    )
 
 
 def solver_order(pending: Iterable[Allocation], scores: Mapping[str, float]) -> tuple[str, ...]:

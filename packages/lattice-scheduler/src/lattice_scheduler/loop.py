@@ -25,6 +25,7 @@ from lattice_common.watch import StateMirror
 from prometheus_client import Counter, Gauge, Histogram
 
 from lattice_scheduler import decide, estimate
+from lattice_scheduler.autoscaler import Autoscaler
 from lattice_scheduler.preemption import PreemptionPolicy
 from lattice_scheduler.solver import Pending, Proposal
 from lattice_scheduler.topology import TopologyModel
@@ -88,6 +89,8 @@ ESTIMATE_DURATION = Histogram(
 ESTIMATE_GAP = 2.0  # seconds between two simulations, at least
 ESTIMATE_OVERDUE = 30.0  # seconds after which a simulation no longer waits for quiet
 
+AUTOSCALE_TICK = 1.0  # seconds between looks at the reactive allocations
+
 ESTIMATE_FAILURES = Counter(
     "lattice_scheduling_estimate_failures_total",
     "Forward simulations for start estimates that failed (no estimates published)",
@@ -106,6 +109,7 @@ class Scheduler:
         budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
         estimates: bool = True,
         estimate_budget_seconds: float = 1.0,
+        autoscaler: Autoscaler | None = None,
     ) -> None:
         self.quorum = quorum
         self.vclusters = list(vclusters)
@@ -133,12 +137,19 @@ class Scheduler:
         self.estimate_quiet = min(1.0, 0.5 * cycle_interval)
         self._last_estimate = -math.inf
         self._estimating: asyncio.Task[None] | None = None
+        # reactive allocations: evaluated on their own tick, beside the cycles
+        self.autoscaler = autoscaler
 
     def poke(self) -> None:
         self._poke.set()
 
     async def run(self) -> None:
         watcher = asyncio.create_task(self._watch(), name="watch-state")
+        scaler = (
+            asyncio.create_task(self._autoscale(), name="autoscale")
+            if self.autoscaler is not None
+            else None
+        )
         try:
             await self.synced.wait()
             while True:
@@ -151,10 +162,26 @@ class Scheduler:
                     self._estimating = asyncio.create_task(self._estimate(), name="estimates")
         finally:
             await self._stop_estimating()
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            for task in (watcher, scaler):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             self.quorum.endpoints.close()
+
+    async def _autoscale(self, tick: float = AUTOSCALE_TICK) -> None:
+        """Reactive allocations (``autoscaler.Autoscaler``), looked at every ``tick``;
+        a failure costs that round, never the scheduler."""
+        assert self.autoscaler is not None
+        await self.synced.wait()
+        while True:
+            try:
+                await self.autoscaler.evaluate(self.mirror)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("autoscaling round failed (retrying)")
+            await asyncio.sleep(tick)
 
     async def _watch(self) -> None:
         while True:

@@ -70,14 +70,25 @@ def build_scheduler(args: argparse.Namespace) -> Scheduler:
                 hint="Set scheduling.trace_path to a local JSONL file.",
             )
         trace = TraceCapture(cfg.scheduling.trace_path)
+    from lattice_scheduler.autoscaler import Autoscaler
+
+    quorum = RemoteQuorum(Endpoints(args.quorum_endpoint, ssl=_tls(cfg)), token=token)
+    # reactive allocations: their metric from the TSDB the agents push to
+    autoscaler = Autoscaler(
+        quorum,
+        vclusters,
+        tsdb_url=cfg.telemetry.tsdb_endpoint,
+        default_interval=cfg.scheduling.scaling_evaluation_interval_seconds,
+    )
     return Scheduler(
-        RemoteQuorum(Endpoints(args.quorum_endpoint, ssl=_tls(cfg)), token=token),
+        quorum,
         vclusters,
         cycle_interval=interval,
         trace=trace,
         budget_period_days=cfg.scheduling.budget_period_days,
         estimates=cfg.scheduling.start_estimates,
         estimate_budget_seconds=cfg.scheduling.estimate_budget_seconds,
+        autoscaler=autoscaler,
     )
 
 

@@ -85,6 +85,13 @@ class AllocationSpec(_Record):
     liveness_probe: dict[str, Any] | None = None
     # named ports registered in the service registry while it runs: [{"name", "port"}]
     expose: list[dict[str, Any]] = field(default_factory=list)
+    # lifecycle "reactive": {"metric", "target", "evaluation_interval", "scale_up_window",
+    # "scale_down_window", "scale_down_threshold", "cooldown"}; bounds are min_nodes..nodes
+    scaling: dict[str, Any] | None = None
+    # checkpoints: "auto" | "manual" | "none" ("" = the server's default: none, or auto
+    # with a protocol) and how the agent asks: "signal" | "shmem" | "grpc"
+    checkpoint: str = ""
+    checkpoint_protocol: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -124,6 +131,9 @@ class AllocationSpec(_Record):
             "depends_on": [dict(d) for d in self.depends_on or []],
             "liveness_probe": dict(self.liveness_probe) if self.liveness_probe else None,
             "expose": [dict(e) for e in self.expose or []],
+            "scaling": dict(self.scaling) if self.scaling else None,
+            "checkpoint": self.checkpoint,
+            "checkpoint_protocol": self.checkpoint_protocol,
         }
         if not self.walltime and self.walltime_seconds:
             optional["walltime_seconds"] = self.walltime_seconds
