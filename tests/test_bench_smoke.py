@@ -25,6 +25,17 @@ EXPECTED = {
     "dag.py": {"chain_per_stage_ms", "fanout_enqueue_s", "attach_echo_p50_ms"},
     "prologue.py": {"bare_ms", "uenv_added_ms", "oci_added_ms", "agent_cpu_64"},
     "auth_overhead.py": {"secure_submits_per_s", "dev_submits_per_s", "ratio", "secure_p99_ms"},
+    "accounting.py": {"reservations_per_s", "overspent", "charge_pass_s"},
+    "scale.py": {
+        "nodes",
+        "pending",
+        "heartbeat_cpu_pct",
+        "cycle_s",
+        "leader_rss_mb",
+        "failover_s",
+        "dump_s",
+        "max_commit_stall_ms",
+    },
     "observability.py": {
         "log_streams_100_cpu_pct",
         "ingest_latency_p99_ms",

@@ -6,6 +6,8 @@ and tears every one down at the end of the test. ``s3_server`` is a real S3-comp
 server (moto) for the log store. ``local_api`` (on the test's loop)
 and ``local_api_thread`` (in a background thread, for code that calls ``asyncio.run``)
 serve the real REST and gRPC servers over a LocalQuorum (lattice_test_harness.local_api).
+``postgres_server`` (session scope) is a throwaway PostgreSQL cluster
+(lattice_test_harness.postgres); it skips only where the PostgreSQL binaries are missing.
 """
 
 from __future__ import annotations
@@ -107,3 +109,18 @@ def local_api_thread() -> Iterator[Any]:
 
     with ThreadedLocalApi() as api:
         yield api
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster for the whole session (initdb + pg_ctl on a free
+    loopback port, trust auth; lattice_test_harness.postgres.PostgresServer), always
+    stopped at the end; tests that need an empty database call ``create_database``."""
+    from lattice_test_harness.postgres import PostgresServer, available
+
+    if not available():
+        pytest.skip(
+            "PostgreSQL binaries (initdb, pg_ctl) are not installed: apt-get install postgresql"
+        )
+    with PostgresServer() as pg:
+        yield pg
