@@ -275,7 +275,9 @@ def test_walltime_forms(wall: dict[str, Any], seconds: int) -> None:
 
 @pytest.mark.parametrize("lifecycle", ["unbounded", "REACTIVE"])
 def test_services_need_no_walltime(lifecycle: str) -> None:
-    spec = validate(body(walltime=_DROP, lifecycle=lifecycle))
+    # a reactive allocation scales between min_nodes and max_nodes (test_autoscaling_validation)
+    bounds = {"min_nodes": 1, "max_nodes": 2} if lifecycle == "REACTIVE" else {}
+    spec = validate(body(walltime=_DROP, lifecycle=lifecycle, **bounds))
     assert spec.lifecycle == LifecycleType(lifecycle.lower())
     assert spec.walltime_seconds == 0
 

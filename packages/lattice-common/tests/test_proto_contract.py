@@ -44,6 +44,9 @@ WIRE: dict[type[msgspec.Struct], type[betterproto2.Message]] = {
     types.LivenessProbeSpec: v1.LivenessProbeSpec,
     types.ExposedPort: v1.ExposedPort,
     types.ServiceEndpoint: v1.ServiceEndpoint,
+    types.CheckpointRecord: v1.CheckpointRecord,
+    types.ScalingSpec: v1.ScalingSpec,
+    types.ScalingStatus: v1.ScalingStatus,
 }
 # Records of types.py that deliberately never travel on their own (add with a reason).
 NOT_ON_THE_WIRE: set[type[msgspec.Struct]] = {
@@ -102,6 +105,41 @@ def _spec() -> types.AllocationSpec:
         expose=[types.ExposedPort(name="api", port=8080, protocol="http")],
         view="default",
         image="registry.example/ml/pytorch:2.4",
+        checkpoint="manual",
+        checkpoint_protocol="grpc",
+        scaling=_scaling(),
+    )
+
+
+def _scaling() -> types.ScalingSpec:
+    return types.ScalingSpec(
+        metric='queue_depth{job="inference"}',
+        target=100.0,
+        evaluation_interval=30.0,
+        scale_up_window=90.0,
+        scale_down_window=600.0,
+        scale_down_threshold=0.25,
+        cooldown=0.0,  # an explicit zero survives the wire (optional)
+    )
+
+
+def _scaling_status() -> types.ScalingStatus:
+    return types.ScalingStatus(
+        target=3,
+        last_decision="up",
+        reason="cpu_utilization 0.91 >= 0.80 for 120 s",
+        at=1_700_000_456.5,
+        blocked="tenant ml-team holds 3 of max_nodes 3",
+    )
+
+
+def _checkpoint() -> types.CheckpointRecord:
+    return types.CheckpointRecord(
+        id="ckpt-2",
+        path="/ck/ml-team/gpt-training/a1b2c3d4/checkpoints/ckpt-2/",
+        size_bytes=2**35 + 3,
+        duration_seconds=12.5,
+        at=1_700_000_123.25,
     )
 
 
@@ -149,6 +187,8 @@ def _allocation() -> types.Allocation:
         image_digest="sha256:" + "cd" * 32,
         peak_memory_bytes=2**33 + 5,
         revision=2**40 + 7,  # beyond 32 bits on purpose
+        last_checkpoint=_checkpoint(),
+        scaling_status=_scaling_status(),
     )
 
 
@@ -274,6 +314,7 @@ def _vcluster() -> types.VCluster:
         cycle_interval_seconds=2.5,
         backfill_depth=20,
         allow_borrowing=False,
+        allow_user_suspend=False,
         created_at=1_690_000_000.0,
         revision=11,
     )
@@ -319,6 +360,9 @@ SAMPLES: dict[type[msgspec.Struct], typing.Callable[[], msgspec.Struct]] = {
     types.DagEdge: lambda: types.DagEdge(upstream="train", downstream="eval", condition="any"),
     types.LivenessProbeSpec: _probe,
     types.ExposedPort: lambda: types.ExposedPort(name="api", port=8080, protocol="http"),
+    types.CheckpointRecord: _checkpoint,
+    types.ScalingSpec: _scaling,
+    types.ScalingStatus: _scaling_status,
     types.ServiceEndpoint: lambda: types.ServiceEndpoint(
         allocation_id="a1b2c3d4", node_id="x1000c0s0b0n0", address="nid001", port=8080, tenant="t"
     ),

@@ -27,6 +27,7 @@ from lattice_common.state_machine import ALLOCATION_TRANSITIONS
 from lattice_common.types import (
     HOLDING_STATES,
     AllocationState,
+    CheckpointRecord,
     NodeCapabilities,
     NodeState,
     RequeuePolicy,
@@ -441,7 +442,11 @@ def test_suspended_releases_nodes() -> None:
     s = world(nodes=1)
     aid = running(s, ["n0000"])
     assert set_state(s, aid, A.CHECKPOINTING).error is None
-    assert set_state(s, aid, A.SUSPENDED).error is None
+    ck = CheckpointRecord(id="ckpt-1", path="/ck/t/p/a/checkpoints/ckpt-1/")
+    assert (
+        apply(s, c.RecordCheckpoint(allocation_id=aid, node_id="n0000", checkpoint=ck)).error
+        is None
+    )
     # Suspended is not a holding state, so the node must not stay owned by it.
     assert s.nodes["n0000"].owner == ""
 
@@ -1272,7 +1277,8 @@ def test_preempt_moves_victim_to_checkpointing_then_requeue_keeps_submit_time() 
     v = s.allocations[victim]
     assert v.state == A.CHECKPOINTING and v.preempted_by == boss
     assert s.nodes["n0000"].owner == victim  # still holds its node until it has stopped
-    ok(s, c.UpdateAllocationState(allocation_id=victim, state=A.SUSPENDED, reason="preempted"))
+    ck = CheckpointRecord(id="ckpt-1", path="/ck/t/p/a/checkpoints/ckpt-1/")
+    ok(s, c.RecordCheckpoint(allocation_id=victim, node_id="n0000", checkpoint=ck))
     assert s.nodes["n0000"].owner == ""
     ok(s, c.RequeueAllocation(allocation_id=victim, reason="preempted", preempted=True))
     v = s.allocations[victim]

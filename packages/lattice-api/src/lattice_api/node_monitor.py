@@ -30,10 +30,13 @@ from collections.abc import Callable
 from lattice_common import commands as c
 from lattice_common.errors import NotLeader, RateLimited, StaleRevision
 from lattice_common.types import (
+    PHASE_CHECKPOINT_FAILED,
+    PHASE_CHECKPOINTED,
     PHASE_PROLOGUE_FAILED,
     PHASE_STAGED,
     AllocationReport,
     AllocationState,
+    CheckpointRecord,
     Node,
     NodeState,
 )
@@ -58,7 +61,20 @@ HEARTBEATS_REJECTED = Counter(
 )
 
 
-_EVENT_PHASES = frozenset({"exited", PHASE_STAGED, PHASE_PROLOGUE_FAILED})
+FAILED_CHECKPOINTS = Counter(
+    "lattice_preemption_failed_checkpoint_total",
+    "Checkpoints asked for by preemption or suspend that did not complete (timeout, "
+    "unresponsive application, walltime): the allocation ended Failed, not Suspended",
+)
+
+WALLTIME_CONFLICTS = Counter(
+    "lattice_checkpoint_walltime_conflict_total",
+    "Checkpoints in progress when the allocation's walltime expired (usable or not)",
+)
+
+_EVENT_PHASES = frozenset(
+    {"exited", PHASE_STAGED, PHASE_PROLOGUE_FAILED, PHASE_CHECKPOINTED, PHASE_CHECKPOINT_FAILED}
+)
 
 
 class NodeMonitor:
@@ -195,6 +211,11 @@ class NodeMonitor:
                 if cmd is not None:
                     cmds.append(cmd)
                 continue
+            if r.phase in (PHASE_CHECKPOINTED, PHASE_CHECKPOINT_FAILED):
+                ck = self._checkpoint(node_id, r)
+                if ck is not None:
+                    cmds.append(ck)
+                continue
             if r.phase != "exited" or r.allocation_id in self._inflight:
                 continue
             a = self.quorum.read(queries.allocation, r.allocation_id)
@@ -203,23 +224,11 @@ class NodeMonitor:
             if not a.assigned_nodes or a.assigned_nodes[0] != node_id:
                 continue  # only the head node's exit ends the allocation
             if a.state == AllocationState.CHECKPOINTING and r.reason == "preempted":
-                # preemption done: Suspended (nodes released), then back in the queue
-                # with its original submit time and the resume flag
-                now = time.time()
+                # preempted without a checkpoint (checkpoint: none): straight back in
+                # the queue with its original submit time (Suspended needs a checkpoint)
                 cmds.append(
-                    c.Batch(
-                        commands=[
-                            c.UpdateAllocationState(
-                                allocation_id=a.id,
-                                state=AllocationState.SUSPENDED,
-                                reason="preempted",
-                                now=now,
-                            ),
-                            c.RequeueAllocation(
-                                allocation_id=a.id, reason="preempted", preempted=True, now=now
-                            ),
-                        ],
-                        now=now,
+                    c.RequeueAllocation(
+                        allocation_id=a.id, reason="preempted", preempted=True, now=time.time()
                     )
                 )
                 continue
@@ -249,10 +258,78 @@ class NodeMonitor:
         self._prologue_inflight.update(staging)
         self._inflight.update(ids)
         try:
-            await self.quorum.propose_many(cmds)
+            results = await self.quorum.propose_many(cmds)
+            # a preemption victim stays Suspended (visible) for one commit, then goes
+            # back in the queue; an owner's suspend waits for `lattice resume`
+            requeues: list[c.Command] = [
+                c.RequeueAllocation(
+                    allocation_id=res.allocation.id,
+                    reason="preempted",
+                    preempted=True,
+                    now=time.time(),
+                )
+                for cmd, res in zip(cmds, results, strict=False)
+                if isinstance(cmd, c.RecordCheckpoint)
+                and res.error is None
+                and res.allocation is not None
+                and res.allocation.preempted_by
+            ]
+            if requeues:
+                await self.quorum.propose_many(requeues)
         finally:
             self._inflight.difference_update(ids)
             self._prologue_inflight.difference_update(staging)
+
+    def _checkpoint(self, node_id: str, r: AllocationReport) -> c.Command | None:
+        """The head node's checkpoint outcome for a Checkpointing allocation (its
+        processes have stopped): Suspended with the record, or Failed. Heartbeats repeat
+        it until the allocation leaves the node."""
+        if r.allocation_id in self._inflight:
+            return None
+        a = self.quorum.read(queries.allocation, r.allocation_id)
+        if a is None:
+            return None
+        if (
+            a.state == AllocationState.SUSPENDED
+            and a.preempted_by
+            and r.phase == PHASE_CHECKPOINTED
+            and a.last_checkpoint is not None
+            and a.last_checkpoint.id == r.checkpoint_id
+        ):
+            # recorded, but its requeue was lost (e.g. a leader change in between)
+            return c.RequeueAllocation(
+                allocation_id=a.id, reason="preempted", preempted=True, now=time.time()
+            )
+        if a.state != AllocationState.CHECKPOINTING or a.assigned_nodes[:1] != [node_id]:
+            return None
+        now = time.time()
+        if r.reason == "walltime_exceeded":
+            WALLTIME_CONFLICTS.inc()
+        if r.phase == PHASE_CHECKPOINTED:
+            return c.RecordCheckpoint(
+                allocation_id=a.id,
+                node_id=node_id,
+                checkpoint=CheckpointRecord(
+                    id=r.checkpoint_id,
+                    path=r.checkpoint_path,
+                    size_bytes=r.checkpoint_size_bytes,
+                    duration_seconds=r.checkpoint_duration_seconds,
+                    at=r.finished_at or now,
+                ),
+                now=now,
+            )
+        FAILED_CHECKPOINTS.inc()
+        log.warning("allocation %s: checkpoint failed (%s)", a.id, r.reason)
+        return c.UpdateAllocationState(
+            allocation_id=a.id,
+            state=AllocationState.FAILED,
+            reason=r.reason or "checkpoint_failed",
+            exit_code=r.exit_code,
+            started_at=r.started_at,
+            finished_at=r.finished_at,
+            peak_memory_bytes=r.peak_memory_bytes,
+            now=now,
+        )
 
     def _prologue(self, node_id: str, r: AllocationReport) -> c.ReportPrologue | None:
         """A node's prologue result for a Staging allocation, once per attempt: heartbeats

@@ -6,15 +6,19 @@ known tenants/vClusters to an AllocationSpec, or a ValidationError/NotFound with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
 import msgspec
+from lattice_common import promql
 from lattice_common.dag import DependencyCondition
 from lattice_common.duration import parse_duration
 from lattice_common.errors import NotFound, ValidationError
 from lattice_common.image_ref import ImageRefError, parse_image_ref
 from lattice_common.types import (
+    CHECKPOINT_MODES,
+    CHECKPOINT_PROTOCOLS,
     AllocationSpec,
     Constraints,
     Dependency,
@@ -22,6 +26,7 @@ from lattice_common.types import (
     LifecycleType,
     LivenessProbeSpec,
     RequeuePolicy,
+    ScalingSpec,
 )
 from lattice_common.uenv_registry import UenvError, check_view_name, format_ref, parse_ref
 
@@ -61,6 +66,8 @@ def validate_submission(
         raw_nodes = raw_nodes["max"]
     elif body.get("min_nodes") not in (None, "", 0):
         min_nodes = _int(body["min_nodes"], "min_nodes")
+    if body.get("max_nodes") not in (None, "", 0):  # reactive bounds: max_nodes is `nodes`
+        raw_nodes = body["max_nodes"]
     nodes = _int(raw_nodes, "nodes")
     if min_nodes and not 1 <= min_nodes <= nodes:
         raise ValidationError(
@@ -105,6 +112,7 @@ def validate_submission(
             details={"walltime_seconds": walltime_seconds},
             hint="Use an unbounded (service) allocation for work without an end.",
         )
+    scaling = _scaling(body.get("scaling"), lifecycle, min_nodes, nodes)
     if lifecycle == LifecycleType.BOUNDED and walltime_seconds <= 0:
         raise ValidationError(
             "walltime is required for a bounded (batch) allocation",
@@ -181,7 +189,147 @@ def validate_submission(
         depends_on=_dependencies(body.get("depends_on")),
         liveness_probe=_liveness_probe(body.get("liveness_probe")),
         expose=_expose(body.get("expose")),
+        scaling=scaling,
+        **_checkpoint(body.get("checkpoint"), body.get("checkpoint_protocol")),
     )
+
+
+def _checkpoint(raw: Any, raw_protocol: Any) -> dict[str, str]:
+    """``checkpoint`` (auto | manual | none, or a protocol name as ``--checkpoint=signal``
+    gives it, or the YAML form ``{strategy, protocol}``) and ``checkpoint_protocol``
+    (signal | shmem | grpc). A protocol alone means ``auto``; a strategy other than
+    none without a protocol uses ``signal`` (the legacy-compatible one)."""
+    if isinstance(raw, dict):
+        raw_protocol = raw.get("protocol", raw_protocol)
+        raw = raw.get("strategy")
+    mode = str(raw or "").strip().lower()
+    protocol = str(raw_protocol or "").strip().lower()
+    hint = "Use --checkpoint=signal|shmem|grpc (the protocol) or checkpoint: auto|manual|none."
+    if mode in CHECKPOINT_PROTOCOLS:
+        if protocol and protocol != mode:
+            raise ValidationError(
+                f"checkpoint protocol given twice: {mode!r} and {protocol!r}", hint=hint
+            )
+        mode, protocol = "auto", mode
+    if mode and mode not in CHECKPOINT_MODES:
+        raise ValidationError(f"unknown checkpoint strategy {mode!r}", hint=hint)
+    if protocol and protocol not in CHECKPOINT_PROTOCOLS:
+        raise ValidationError(f"unknown checkpoint protocol {protocol!r}", hint=hint)
+    if not mode:
+        mode = "auto" if protocol else "none"
+    if mode == "none":
+        if protocol:
+            raise ValidationError(
+                f"checkpoint: none cannot have a protocol ({protocol!r})", hint=hint
+            )
+        return {"checkpoint": "none", "checkpoint_protocol": ""}
+    return {"checkpoint": mode, "checkpoint_protocol": protocol or "signal"}
+
+
+_SCALING_HINT = (
+    "e.g. --lifecycle reactive --min-nodes 2 --max-nodes 4 --scale-metric cpu_utilization "
+    "--scale-target 0.8 (scaling: {metric, target, evaluation_interval, scale_up_window, "
+    "scale_down_window, scale_down_threshold, cooldown})."
+)
+_SCALING_SECONDS = ("evaluation_interval", "scale_up_window", "scale_down_window", "cooldown")
+MAX_SCALING_SECONDS = 86400
+
+
+def _scaling(raw: Any, lifecycle: LifecycleType, min_nodes: int, nodes: int) -> ScalingSpec | None:
+    """A reactive allocation's scaling settings (spec: Autoscaling): bounds from the node
+    range (min_nodes < max_nodes), the metric (a name or ``name{label="value"}``), a
+    positive target, scale_down_threshold in (0, 1), durations as seconds or 30s/2m/1h
+    (evaluation_interval at least 1 s, all at most a day). Defaults: the
+    specification's."""
+    if lifecycle != LifecycleType.REACTIVE:
+        if raw not in (None, {}):
+            raise ValidationError(
+                "scaling settings are only for reactive allocations",
+                hint="Add --lifecycle reactive (with --min-nodes and --max-nodes), or "
+                "leave out the --scale-* options.",
+            )
+        return None
+    if not min_nodes or min_nodes >= nodes:
+        raise ValidationError(
+            f"a reactive allocation scales between min_nodes and max_nodes: it needs "
+            f"1 <= min_nodes < max_nodes (got min {min_nodes or 'none'}, max {nodes})",
+            hint=_SCALING_HINT,
+        )
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ValidationError("scaling must be an object", hint=_SCALING_HINT)
+    allowed = {"metric", "target", "scale_down_threshold", "cooldown_period", *_SCALING_SECONDS}
+    unknown = sorted(set(map(str, raw)) - allowed)
+    if unknown:
+        raise ValidationError(
+            f"unknown scaling setting {unknown[0]!r}",
+            details={"allowed": ", ".join(sorted(allowed))},
+            hint=_SCALING_HINT,
+        )
+    out: dict[str, Any] = {}
+    metric = str(raw.get("metric") or "cpu_utilization").strip()
+    try:
+        name, matchers = promql.parse_metric_ref(metric)
+        promql.metric_selector(name, matchers)
+    except ValueError as e:
+        raise ValidationError(
+            f"invalid scaling metric {metric!r}: {e}",
+            hint="Name a metric (cpu_utilization, gpu_utilization, queue_depth) or a TSDB "
+            'series with label matchers, e.g. custom_metric{job="my-inference"}.',
+        ) from None
+    out["metric"] = metric[:512]
+    if raw.get("target") not in (None, ""):
+        out["target"] = _float(raw["target"], "scaling target")
+        if out["target"] <= 0:
+            raise ValidationError(
+                f"scaling target must be greater than zero (got {out['target']:g})",
+                hint="e.g. --scale-target 0.8 (80 % utilisation).",
+            )
+    if raw.get("scale_down_threshold") not in (None, ""):
+        thr = _float(raw["scale_down_threshold"], "scale_down_threshold")
+        if not 0 < thr < 1:
+            raise ValidationError(
+                f"scale_down_threshold must be between 0 and 1 (got {thr:g})",
+                hint="It is a fraction of the target: 0.5 scales down below half the target.",
+            )
+        out["scale_down_threshold"] = thr
+    if raw.get("cooldown") in (None, "") and raw.get("cooldown_period") not in (None, ""):
+        raw = {**raw, "cooldown": raw["cooldown_period"]}
+    for key in _SCALING_SECONDS:
+        if raw.get(key) in (None, ""):
+            continue
+        seconds = _seconds(raw[key], key)
+        least = 1.0 if key == "evaluation_interval" else 0.0
+        if not least <= seconds <= MAX_SCALING_SECONDS:
+            raise ValidationError(
+                f"{key} must be between {least:g} s and {MAX_SCALING_SECONDS} s "
+                f"(got {seconds:g} s)",
+                hint=_SCALING_HINT,
+            )
+        out[key] = seconds
+    return ScalingSpec(**out)
+
+
+def _float(v: Any, field: str) -> float:
+    try:
+        x = float(str(v).strip()) if not isinstance(v, bool) else math.nan
+    except (TypeError, ValueError):
+        x = math.nan
+    if not math.isfinite(x):
+        raise ValidationError(f"{field} must be a number (got {v!r})", hint=_SCALING_HINT)
+    return x
+
+
+def _seconds(v: Any, field: str) -> float:
+    """A duration: a number of seconds, or text like 90s, 2m, 1h."""
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return float(v)
+    text = str(v).strip()
+    try:
+        return float(text)
+    except ValueError:
+        return float(parse_duration(text, field=field))
 
 
 def _uenv_and_view(raw_uenv: Any, raw_view: Any) -> tuple[str, str]:

@@ -33,18 +33,22 @@ import shlex
 from typing import Any
 
 from lattice_cli.submit_options import (
+    SCALE_OPTIONS,
     WORD,
     DirectiveError,
     SubmitOptions,
     merge,
     merge_constraints,
+    parse_checkpoint,
     parse_constraint,
     parse_env_item,
     parse_gres,
+    parse_lifecycle,
     parse_mem_gb,
     parse_positive_int,
     parse_preemption_class,
     parse_requeue,
+    parse_scale_value,
     parse_walltime,
     text_value,
 )
@@ -121,6 +125,7 @@ _LATTICE_OPTS: dict[str, str] = {
     "--vcluster": "vcluster",
     "--project": "project",
     "--preemption-class": "preemption_class",
+    "--checkpoint": "checkpoint",
     "--constraint": "constraint",
     "-C": "constraint",
     "--env": "env",
@@ -132,7 +137,14 @@ _LATTICE_OPTS: dict[str, str] = {
     "--image": "image",
     "--chdir": "submit_dir",
     "--dependency": "dependency",
+    "--lifecycle": "lifecycle",
+    "--reactive": "reactive",
+    "--min-nodes": "min_nodes",
+    "--max-nodes": "max_nodes",
+    **{option: "scale" for option in SCALE_OPTIONS},
 }
+#: #LATTICE options that take no value
+_LATTICE_FLAGS = {"--reactive"}
 
 # #SBATCH options translated, by Slurm name.
 _SBATCH_OPTS: dict[str, str] = {
@@ -288,6 +300,11 @@ def _apply_lattice(opts: SubmitOptions, option: str, value: str | None, line: in
             line=line,
             hint="#LATTICE lines take the flags of `lattice submit` (see `lattice submit --help`).",
         )
+    if setting == "reactive":
+        if value is not None:
+            raise DirectiveError(f"#LATTICE {option} takes no value", line=line)
+        opts.lifecycle = "reactive"
+        return
     if value is None:
         raise DirectiveError(f"#LATTICE {option} needs a value", line=line)
     try:
@@ -297,6 +314,8 @@ def _apply_lattice(opts: SubmitOptions, option: str, value: str | None, line: in
             opts.walltime = parse_walltime(value)
         elif setting == "preemption_class":
             opts.preemption_class = parse_preemption_class(value)
+        elif setting == "checkpoint":
+            opts.checkpoint = parse_checkpoint(value)
         elif setting == "constraint":
             opts.constraints = merge_constraints(opts.constraints, parse_constraint(value))
         elif setting == "env":
@@ -309,6 +328,12 @@ def _apply_lattice(opts: SubmitOptions, option: str, value: str | None, line: in
         elif setting == "dependency":
             check_dependency(value, f"#LATTICE {option}")
             opts.dependency = value
+        elif setting == "lifecycle":
+            opts.lifecycle = parse_lifecycle(value)
+        elif setting in ("min_nodes", "max_nodes"):
+            setattr(opts, setting, parse_positive_int(value, setting.replace("_", " ")))
+        elif setting == "scale":
+            opts.scaling[SCALE_OPTIONS[option]] = parse_scale_value(option, value)
         else:
             setattr(opts, setting, text_value(value, option))
     except DirectiveError as exc:
@@ -555,7 +580,9 @@ def parse_script(
         except ValueError as exc:
             raise DirectiveError(f"cannot read #{kind} line: {exc}", line=number) from None
         if kind == "LATTICE":
-            for option, value, stray in _split_options(tokens, set(_LATTICE_OPTS), set()):
+            for option, value, stray in _split_options(
+                tokens, set(_LATTICE_OPTS) - _LATTICE_FLAGS, _LATTICE_FLAGS
+            ):
                 if stray is not None:
                     raise DirectiveError(
                         f"unexpected #LATTICE argument {stray!r}",

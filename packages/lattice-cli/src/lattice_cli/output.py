@@ -441,6 +441,47 @@ def _bytes_text(n: int | None) -> str | None:
     return None
 
 
+_SCALED = {"up": "scaled up", "down": "scaled down"}
+
+
+def nodes_text(alloc: dict[str, Any], now: float) -> Any:
+    """``Nodes``: the count asked for; for a reactive allocation the nodes it holds, the
+    autoscaler's target, its bounds and its last scale event with the reason
+    (``3 (target 3, min 2, max 4) — scaled up at 12:03: cpu_utilization 0.91 >= 0.80
+    for 120 s``), and ``cooldown until`` while one runs."""
+    spec = alloc.get("spec") or {}
+    if spec.get("lifecycle") != "reactive" or not spec.get("min_nodes"):
+        return spec.get("nodes")
+    held = len(alloc.get("assigned_nodes") or [])
+    status = alloc.get("scaling_status") or {}
+    target = status.get("target") or held
+    text = f"{held} (target {target}, min {spec.get('min_nodes')}, max {spec.get('nodes')})"
+    at = status.get("at")
+    if status.get("last_decision") in _SCALED and at is not None:
+        text += f" — {_SCALED[status['last_decision']]} at {clock_time(float(at), now)}"
+        if status.get("reason"):
+            text += f": {status['reason']}"
+        cooldown = (spec.get("scaling") or {}).get("cooldown")
+        if cooldown is not None and now < float(at) + float(cooldown):
+            text += f" (cooldown until {clock_time(float(at) + float(cooldown), now)})"
+    return text
+
+
+def scaling_text(spec: dict[str, Any]) -> str | None:
+    """``Scaling``: a reactive allocation's metric, thresholds and timings."""
+    s = spec.get("scaling")
+    if spec.get("lifecycle") != "reactive" or not isinstance(s, dict):
+        return None
+    target = float(s.get("target", 0.8))
+    low = target * float(s.get("scale_down_threshold", 0.5))
+    return (
+        f"{s.get('metric') or 'cpu_utilization'}: up at >= {target:g}, down at <= {low:g}; "
+        f"every {float(s.get('evaluation_interval', 60)):g}s, windows "
+        f"{float(s.get('scale_up_window', 120)):g}s up / {float(s.get('scale_down_window', 300)):g}s "
+        f"down, cooldown {float(s.get('cooldown', 180)):g}s"
+    )
+
+
 def allocation_detail(alloc: dict[str, Any], now: float) -> str:
     """``lattice status ID``: every field a person asks about, one per line."""
     spec = alloc.get("spec") or {}
@@ -462,7 +503,9 @@ def allocation_detail(alloc: dict[str, Any], now: float) -> str:
             ("vCluster", spec.get("vcluster")),
             ("Project", spec.get("project")),
             ("User", spec.get("user")),
-            ("Nodes", spec.get("nodes")),
+            ("Nodes", nodes_text(alloc, now)),
+            ("Scaling", scaling_text(spec)),
+            ("Scaling blocked", (alloc.get("scaling_status") or {}).get("blocked") or None),
             ("Assigned nodes", compress_nodelist(nodes) if nodes else None),
             ("Staged nodes", _staged(alloc)),
             (
@@ -480,6 +523,9 @@ def allocation_detail(alloc: dict[str, Any], now: float) -> str:
             ("Requeue count", alloc.get("requeue_count", 0)),
             ("Preempted count", alloc.get("preempted_count", 0)),
             ("Preemption class", spec.get("preemption_class")),
+            ("Checkpoint", _checkpoint_mode(spec)),
+            ("Last checkpoint", _checkpoint_text(alloc.get("last_checkpoint"))),
+            ("Resume from", _resume_text(alloc)),
             ("Requeue policy", spec.get("requeue_policy")),
             ("Lifecycle", spec.get("lifecycle")),
             ("Constraints", format_constraints(spec.get("constraints"))),
@@ -491,6 +537,31 @@ def allocation_detail(alloc: dict[str, Any], now: float) -> str:
             ("Submit dir", spec.get("submit_dir")),
         ]
     )
+
+
+def _checkpoint_mode(spec: dict[str, Any]) -> str | None:
+    """``auto (grpc)``; None for checkpoint: none."""
+    mode = spec.get("checkpoint") or "none"
+    if mode == "none":
+        return None
+    protocol = spec.get("checkpoint_protocol") or ""
+    return f"{mode} ({protocol})" if protocol else str(mode)
+
+
+def _checkpoint_text(ck: Any) -> str | None:
+    """``ckpt-1  /path  2.0 KiB in 0.3s``."""
+    if not isinstance(ck, dict) or not ck.get("id"):
+        return None
+    size = _bytes_text(ck.get("size_bytes")) or "0 B"
+    duration = float(ck.get("duration_seconds") or 0.0)
+    return f"{ck['id']}  {ck.get('path', '')}  {size} in {duration:.1f}s"
+
+
+def _resume_text(alloc: dict[str, Any]) -> str | None:
+    ck = alloc.get("last_checkpoint")
+    if alloc.get("resume_from_checkpoint") and isinstance(ck, dict) and ck.get("path"):
+        return str(ck["path"])
+    return None
 
 
 def node_row(node: dict[str, Any], *, wide: bool = False) -> list[str]:

@@ -53,6 +53,13 @@ class SubmitOptions:
     tags: dict[str, str] = field(default_factory=dict)
     dependency: str | None = None  # Slurm --dependency text (checked when read)
     task_group: str | None = None  # START-END[:STEP][%N] (from --array or --task-group)
+    lifecycle: str | None = None  # bounded | unbounded | reactive
+    min_nodes: int | None = None  # node range / reactive lower bound
+    max_nodes: int | None = None  # reactive upper bound (sent as nodes)
+    # reactive scaling settings (ScalingSpec field -> value); merged key by key
+    scaling: dict[str, Any] = field(default_factory=dict)
+    # --checkpoint: a protocol (signal | shmem | grpc) or a strategy (auto | manual | none)
+    checkpoint: str | None = None
     warnings: list[str] = field(default_factory=list)
 
 
@@ -72,6 +79,10 @@ _SCALARS = (
     "submit_dir",
     "dependency",
     "task_group",
+    "lifecycle",
+    "min_nodes",
+    "max_nodes",
+    "checkpoint",
 )
 
 
@@ -84,6 +95,7 @@ def merge(base: SubmitOptions, override: SubmitOptions) -> SubmitOptions:
     out.constraints = merge_constraints(base.constraints, override.constraints)
     out.env = {**base.env, **override.env}
     out.tags = {**base.tags, **override.tags}
+    out.scaling = {**base.scaling, **override.scaling}
     out.warnings = [*base.warnings, *override.warnings]
     return out
 
@@ -102,6 +114,30 @@ def parse_positive_int(text: str, what: str, *, minimum: int = 1) -> int:
     if number < minimum:
         raise DirectiveError(f"{what} must be at least {minimum}, not {number}", hint=hint)
     return number
+
+
+CHECKPOINT_VALUES = ("signal", "shmem", "grpc", "auto", "manual", "none")
+
+
+def parse_checkpoint(text: str) -> str:
+    """``--checkpoint``: how the job is asked to checkpoint before preemption (signal,
+    shmem, grpc), or a strategy (auto, manual, none)."""
+    value = str(text).strip().lower()
+    if value not in CHECKPOINT_VALUES:
+        raise DirectiveError(
+            f"unknown checkpoint {text!r}",
+            hint="Use --checkpoint=signal|shmem|grpc (how the job is asked) or --checkpoint=none.",
+        )
+    return value
+
+
+def checkpoint_fields(value: str | None) -> dict[str, str]:
+    """The spec fields of a ``--checkpoint`` value: a protocol or a strategy."""
+    if not value:
+        return {}
+    if value in ("signal", "shmem", "grpc"):
+        return {"checkpoint_protocol": value}
+    return {"checkpoint": value}
 
 
 def parse_preemption_class(text: str) -> int:
@@ -133,6 +169,55 @@ def parse_walltime(text: str) -> str:
     if any(c.isspace() for c in value) or len(value) > 32 or not value.isprintable():
         raise DirectiveError(
             f"invalid walltime {text!r}", hint="Use a duration like 30m, 24h, 1d or HH:MM:SS."
+        )
+    return value
+
+
+LIFECYCLES = ("bounded", "unbounded", "reactive")
+#: --scale-* options -> ScalingSpec fields (the server checks the values' ranges)
+SCALE_OPTIONS = {
+    "--scale-metric": "metric",
+    "--scale-target": "target",
+    "--scale-interval": "evaluation_interval",
+    "--scale-up-window": "scale_up_window",
+    "--scale-down-window": "scale_down_window",
+    "--scale-down-threshold": "scale_down_threshold",
+    "--scale-cooldown": "cooldown",
+}
+
+
+def parse_lifecycle(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in LIFECYCLES:
+        raise DirectiveError(
+            f"unknown lifecycle {text!r}",
+            hint="Use bounded (batch, the default), unbounded (service) or reactive "
+            "(autoscaling between --min-nodes and --max-nodes).",
+        )
+    return value
+
+
+def parse_scale_value(option: str, text: str) -> Any:
+    """One ``--scale-*`` value: the metric as text, target and threshold as numbers,
+    durations as the user wrote them (seconds, or 30s, 2m, 1h; the server parses)."""
+    key = SCALE_OPTIONS[option]
+    value = str(text).strip()
+    if key == "metric":
+        return text_value(value, option)
+    if key in ("target", "scale_down_threshold"):
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number) or number <= 0:
+            raise DirectiveError(
+                f"{option} must be a positive number, not {text!r}",
+                hint="e.g. --scale-target 0.8 (80 % utilisation), --scale-down-threshold 0.25.",
+            )
+        return number
+    if not value or any(c.isspace() for c in value) or len(value) > 32 or not value.isprintable():
+        raise DirectiveError(
+            f"invalid {option} {text!r}", hint="Give seconds or a duration like 30s, 2m, 1h."
         )
     return value
 

@@ -53,6 +53,7 @@ def build_spec(
     from lattice_sdk import AllocationSpec
 
     from lattice_cli import directives
+    from lattice_cli.submit_options import checkpoint_fields
 
     cfg = state.config
     for message in opts.warnings:
@@ -80,6 +81,7 @@ def build_spec(
         min_nodes=min_nodes,
         wait_for_capacity=wait_for_capacity,
         depends_on=depends_on,
+        **checkpoint_fields(opts.checkpoint),
     )
 
 

@@ -23,6 +23,7 @@ from lattice_common.types import (
     Node,
     NodeCapabilities,
     NodeState,
+    ScalingStatus,
     SchedulerType,
     Session,
     StartEstimate,
@@ -145,6 +146,15 @@ class ScaleAllocation(Command, tag="scale_allocation"):
     remove_node_ids: list[str] = msgspec.field(default_factory=list)
     expected_revision: int = 0
     vcluster: str = ""
+    # the autoscaler's decision, recorded with the change (reactive allocations)
+    status: ScalingStatus | None = None
+
+
+class SetScalingStatus(Command, tag="set_scaling_status"):
+    """The autoscaler's word on reactive allocations it did not scale (why a wanted
+    scale-up is blocked, or that it no longer is); only changes are sent."""
+
+    statuses: dict[str, ScalingStatus] = msgspec.field(default_factory=dict)
 
 
 class UpdateAllocationState(Command, tag="update_allocation_state"):
@@ -328,6 +338,7 @@ AnyCommand = (
     | AssignNodes
     | ReleaseNodeClaim
     | ScaleAllocation
+    | SetScalingStatus
     | UpdateAllocationState
     | CancelAllocation
     | SetPendingReasons
@@ -419,6 +430,7 @@ __all__ = [
     "SchedulerType",
     "SetNodeHealth",
     "SetPendingReasons",
+    "SetScalingStatus",
     "SubmitAllocation",
     "SubmitTaskGroup",
     "SuspendAllocation",

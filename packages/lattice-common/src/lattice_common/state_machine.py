@@ -13,14 +13,15 @@ from lattice_common.types import NodeState as N
 ALLOCATION_TRANSITIONS: dict[A, frozenset[A]] = {
     A.PENDING: frozenset({A.STAGING, A.RUNNING, A.CANCELLED, A.FAILED}),
     A.STAGING: frozenset({A.RUNNING, A.PENDING, A.FAILED, A.CANCELLED}),
-    # Running -> Pending is a requeue (node failure, preemption without checkpoint).
-    A.RUNNING: frozenset(
-        {A.COMPLETED, A.FAILED, A.CANCELLED, A.CHECKPOINTING, A.SUSPENDED, A.PENDING}
-    ),
-    # Checkpointing -> Pending: the node failed mid-checkpoint; requeue per policy.
+    # Running -> Pending is a requeue (node failure). A Running allocation reaches
+    # Suspended only through Checkpointing (a checkpoint is recorded on the way).
+    A.RUNNING: frozenset({A.COMPLETED, A.FAILED, A.CANCELLED, A.CHECKPOINTING, A.PENDING}),
+    # Checkpointing -> Pending: preempted without a checkpoint (checkpoint: none) or the
+    # node failed mid-checkpoint; -> Failed: the checkpoint failed (not Suspended).
     A.CHECKPOINTING: frozenset(
         {A.SUSPENDED, A.RUNNING, A.FAILED, A.CANCELLED, A.COMPLETED, A.PENDING}
     ),
+    # Suspended -> Pending: requeued after preemption, or resumed on demand
     A.SUSPENDED: frozenset({A.PENDING, A.CANCELLED, A.FAILED}),
     A.COMPLETED: frozenset(),
     A.FAILED: frozenset(),

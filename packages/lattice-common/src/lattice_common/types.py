@@ -206,6 +206,63 @@ class ServiceEndpoint(msgspec.Struct, kw_only=True):
     tenant: str = ""
 
 
+CHECKPOINT_MODES = ("auto", "manual", "none")
+"""``checkpoint`` of a submission (spec: Checkpointing): auto = the scheduler/broker
+decides when, manual = the application manages it (preemption still asks it through
+its protocol), none = non-checkpointable (preemption is SIGTERM, grace, SIGKILL)."""
+CHECKPOINT_PROTOCOLS = ("signal", "shmem", "grpc")
+"""How the node agent asks an application to checkpoint (spec: Application Protocol)."""
+
+
+class CheckpointRecord(msgspec.Struct, kw_only=True):
+    """A completed checkpoint of an allocation: where it is and what it cost. Written by
+    the quorum when a Checkpointing allocation becomes Suspended; the next run gets it
+    as LATTICE_CHECKPOINT_PATH (with LATTICE_RESUME=1)."""
+
+    id: str
+    path: str  # {checkpoint_root}/{tenant}/{project}/{alloc}/checkpoints/{id}/
+    size_bytes: int = 0
+    duration_seconds: float = 0.0  # from the request to the application's completion
+    at: float = 0.0  # when it completed
+
+
+SCALE_UP = "up"
+SCALE_DOWN = "down"
+SCALE_HOLD = "hold"
+
+
+class ScalingSpec(msgspec.Struct, kw_only=True):
+    """How a reactive allocation scales (spec: Autoscaling, Reactive Lifecycle). Its node
+    bounds are the allocation's node range: ``min_nodes`` .. ``nodes`` (= max_nodes). Up
+    one node when ``metric`` stays at or above ``target`` for ``scale_up_window``
+    seconds; down one when it stays at or below ``target * scale_down_threshold`` for
+    ``scale_down_window``; nothing for ``cooldown`` seconds after a scale event. The
+    metric is evaluated every ``evaluation_interval`` seconds. Defaults: the
+    specification's Configuration Defaults table."""
+
+    metric: str = "cpu_utilization"  # a catalog name or a custom `name{label="v"}`
+    target: float = 0.8
+    evaluation_interval: float = 60.0
+    scale_up_window: float = 120.0
+    scale_down_window: float = 300.0
+    scale_down_threshold: float = 0.5  # fraction of target
+    cooldown: float = 180.0
+
+
+class ScalingStatus(msgspec.Struct, kw_only=True):
+    """What the autoscaler last decided for a reactive allocation (written by the
+    scheduler through the quorum). ``last_decision``/``reason``/``at``: the last scale
+    event (up/down); ``target``: the node count it is moving to (the current count when
+    settled); ``blocked``: why a wanted scale-up does not happen now (tenant quota, no
+    free node, backoff, metric unavailable), "" when nothing holds it back."""
+
+    target: int = 0
+    last_decision: str = ""  # up | down | "" (never scaled)
+    reason: str = ""
+    at: float | None = None
+    blocked: str = ""
+
+
 class AllocationSpec(msgspec.Struct, kw_only=True):
     """What a user asks for. Validated by the API before anything is stored."""
 
@@ -236,6 +293,14 @@ class AllocationSpec(msgspec.Struct, kw_only=True):
     expose: list[ExposedPort] = msgspec.field(default_factory=list)  # connectivity.expose
     view: str = ""  # environment.view: a uenv view (its environment variables)
     image: str = ""  # environment.image: OCI image registry/name:tag
+    checkpoint: str = "none"  # auto | manual | none (CHECKPOINT_MODES)
+    checkpoint_protocol: str = ""  # signal | shmem | grpc; "" = none (CHECKPOINT_PROTOCOLS)
+    scaling: ScalingSpec | None = None  # reactive allocations: metric, target, windows
+
+    @property
+    def checkpointable(self) -> bool:
+        """The agent can ask it to checkpoint: not ``none`` and a protocol named."""
+        return self.checkpoint != "none" and bool(self.checkpoint_protocol)
 
 
 class Allocation(msgspec.Struct, kw_only=True):
@@ -269,6 +334,9 @@ class Allocation(msgspec.Struct, kw_only=True):
     image_digest: str = ""  # sha256:... recorded by the prologue
     peak_memory_bytes: int | None = None  # the cgroup's peak on the head node, once ended
     revision: int = 0  # GlobalState revision of the last change
+    # the last usable checkpoint (set on Suspended); its next run resumes from it
+    last_checkpoint: CheckpointRecord | None = None
+    scaling_status: ScalingStatus | None = None  # reactive: the autoscaler's last word
 
     @property
     def terminal(self) -> bool:
@@ -446,12 +514,17 @@ class VCluster(msgspec.Struct, kw_only=True):
     cycle_interval_seconds: float = 5.0
     backfill_depth: int = 10
     allow_borrowing: bool = True
+    # owners may suspend their own checkpointable allocations (lattice suspend)
+    allow_user_suspend: bool = True
     created_at: float = 0.0
     revision: int = 0
 
 
 PHASE_STAGED = "staged"  # the node's prologue for a Staging allocation is done
 PHASE_PROLOGUE_FAILED = "prologue_failed"  # ... failed; ``reason`` says why
+PHASE_CHECKPOINTING = "checkpointing"  # the agent is running the checkpoint protocol
+PHASE_CHECKPOINTED = "checkpointed"  # done and the processes stopped: checkpoint_* fields
+PHASE_CHECKPOINT_FAILED = "checkpoint_failed"  # ... failed (``reason``); processes stopped
 
 
 class AllocationReport(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -467,3 +540,7 @@ class AllocationReport(msgspec.Struct, kw_only=True, omit_defaults=True):
     peak_memory_bytes: int | None = None  # the allocation cgroup's peak, once exited
     attempt: int = 0  # staged/prologue_failed: the allocation's prologue_failures it ran for
     image_digest: str = ""  # staged: the OCI image's digest pulled by the prologue
+    checkpoint_id: str = ""  # checkpointed: the checkpoint's id, path, size and duration
+    checkpoint_path: str = ""
+    checkpoint_size_bytes: int = 0
+    checkpoint_duration_seconds: float = 0.0

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 from lattice_common.agents import AgentChannels
-from lattice_common.config import TelemetryConfig
+from lattice_common.config import CheckpointConfig, TelemetryConfig
 from lattice_common.errors import LatticeError
 from lattice_common.proto.lattice import v1
 from lattice_common.rpc import TRANSPORT_ERRORS, Endpoints, auth_metadata, decode_grpc_error
@@ -35,20 +35,24 @@ from prometheus_client import Gauge, Histogram
 
 from lattice_agent.attach import AttachManager
 from lattice_agent.cgroups import CgroupManager
+from lattice_agent.checkpoint import CheckpointManager
 from lattice_agent.hydra import HydraSockets
 from lattice_agent.identity import IdentityPolicy
 from lattice_agent.lifecycle import REASON_PREEMPTED
+from lattice_agent.logship import LogPools  # log store: ordinary / sensitive pool
+from lattice_agent.membership import Membership
 from lattice_agent.pmi.fence import FenceRegistry
 from lattice_agent.pmi.launches import LaunchManager
 from lattice_agent.probes import REASON_LIVENESS_PROBE_FAILED, ProbeManager
 from lattice_agent.prologue import PrologueManager
-from lattice_agent.reconcile import Forget, Start, Stop, reconcile
+from lattice_agent.reconcile import Checkpoint, Forget, Start, Stop, attempt, reconcile
 from lattice_agent.runtime import ProcessRuntime
 from lattice_agent.scratch import Scratch, ScratchError, default_root
 from lattice_agent.service import NodeAgentService, require_token
 from lattice_agent.telemetry import running_targets, telemetry_loop
 from lattice_agent.telemetry.fileaudit import FileAudit, node_service_report
 from lattice_agent.telemetry.samples import MODE_AUDIT
+from lattice_agent.telemetry.traces import TraceWriter  # debug traces
 from lattice_agent.tls_identity import AgentTls
 from lattice_agent.uenv import UenvCache
 
@@ -113,6 +117,8 @@ class Agent:
         telemetry: TelemetryConfig | None = None,
         log_store: LogStore | None = None,  # log store: where output is flushed
         log_flush_interval: float = 10.0,  # log store: storage.log_flush_interval_seconds
+        sensitive_log_store: LogStore | None = None,  # log store: the encrypted pool
+        checkpoint: CheckpointConfig | None = None,  # checkpoints: root, timeout, deferral
     ) -> None:
         self.node_id = node_id
         # mTLS identity (lattice_agent.tls_identity); None = plaintext with the token
@@ -142,6 +148,17 @@ class Agent:
         self.log_dir = log_dir
         # liveness probes of the service allocations this node heads
         self.probes = ProbeManager(node_id, on_failed=self._on_probe_failed)
+        # log store: which pool each allocation's output goes to (sensitive: encrypted)
+        log_pools = (
+            LogPools(
+                log_store,
+                sensitive_log_store,
+                node_id=node_id,
+                classify=self._classify_sensitive,
+            )
+            if log_store is not None or sensitive_log_store is not None
+            else None
+        )
         self.runtime = ProcessRuntime(
             node_id=node_id,
             work_dir=work_dir,
@@ -151,6 +168,7 @@ class Agent:
             ring_buffer_lines=ring_buffer_lines,
             log_store=log_store,  # log store
             log_flush_interval=log_flush_interval,  # log store
+            log_pools=log_pools,  # log store: ordinary / sensitive per allocation
             on_change=self._on_runtime_change,
             slurm_env=slurm_env,
             cgroups=cgroups,
@@ -158,6 +176,19 @@ class Agent:
             oci=oci,
             identities=identities,
             scratch=self.scratch,
+            checkpoint_env=lambda a, d: self.checkpoints.environment(a, d),  # checkpoints
+        )
+        # checkpoints of the allocations this node heads (lattice_agent.checkpoint)
+        ck = checkpoint if checkpoint is not None else CheckpointConfig()
+        self.checkpoints = CheckpointManager(
+            self.runtime,
+            node_id=node_id,
+            work_dir=work_dir,
+            root=Path(ck.checkpoint_root),
+            timeout=ck.checkpoint_timeout_seconds,
+            max_deferral=ck.max_deferral_seconds,
+            identities=identities,
+            on_result=self._beat_now_set,
         )
         # the uenv image cache (also served to `lattice cache` by NodeAgentService)
         self.uenv = uenv
@@ -200,6 +231,8 @@ class Agent:
             allocation=self.assigned.get,
             identities=identities,
         )
+        # membership changes (reactive scaling): $LATTICE_NODES_FILE and SIGUSR2
+        self.membership = Membership(node_id, work_dir)
         # interactive terminals (lattice attach) in the allocations of this node
         self.attaches = AttachManager(
             node_id,
@@ -214,12 +247,25 @@ class Agent:
         self.telemetry = telemetry_loop(
             telemetry if telemetry is not None else TelemetryConfig(),
             targets=lambda: running_targets(
-                node_id, self.assigned, self.runtime.reports(), cgroups
+                node_id, self.assigned, self.runtime.reports(), cgroups, self._task_groups()
             ),
             cgroups=cgroups,
             # modes survive an agent restart
             modes_file=state_file.with_name(state_file.stem + ".telemetry.json"),
         )
+        # debug traces: debug-mode raw samples into the log store beside the logs
+        self.traces = (
+            TraceWriter(
+                log_pools,
+                node_id=node_id,
+                allocation=self.assigned.get,
+                interval=log_flush_interval,
+            )
+            if log_pools is not None
+            else None
+        )
+        if self.traces is not None:
+            self.telemetry.on_raw = self.traces.offer
         # audit mode's file-access events (eBPF), shipped to the audit log
         self.fileaudit = FileAudit(
             node_id,
@@ -227,7 +273,7 @@ class Agent:
             set_audit=lambda aid: self.telemetry.set_mode(aid, MODE_AUDIT),
             assigned=lambda: list(self.assigned),
             targets=lambda: running_targets(
-                node_id, self.assigned, self.runtime.reports(), cgroups
+                node_id, self.assigned, self.runtime.reports(), cgroups, self._task_groups()
             ),
             report=node_service_report(
                 self._stub, node_id, ready=lambda: self._registered.is_set()
@@ -245,6 +291,14 @@ class Agent:
         self.address = ""
 
     # --- lifecycle ------------------------------------------------------------------
+
+    def _task_groups(self) -> dict[str, list[int]]:
+        """Process groups of allocations beside their batch script: launched ranks and
+        attach sessions (telemetry counts them too)."""
+        groups = self.launches.process_groups()
+        for aid, pgids in self.attaches.process_groups().items():
+            groups.setdefault(aid, []).extend(pgids)
+        return groups
 
     async def run(self) -> None:
         reattached = await self.runtime.recover()
@@ -278,6 +332,8 @@ class Agent:
             asyncio.create_task(self.telemetry.run(), name="telemetry"),  # telemetry
             asyncio.create_task(self.fileaudit.run(), name="file-audit"),
         ]
+        if self.traces is not None:  # debug traces
+            tasks.append(asyncio.create_task(self.traces.run(), name="debug-traces"))
         if self.fingerprint_source is not None:
             tasks.append(asyncio.create_task(self._conformance_loop(), name="conformance"))
         if tls is not None and tls.renewable:
@@ -294,6 +350,7 @@ class Agent:
             await self.attaches.close()
             await self.probes.close()
             await self.prologues.close()
+            await self.checkpoints.close()  # checkpoints: coordinators, sockets
             await self.launches.close()  # ranks cannot outlive their PMI server
             await self.runtime.close()  # workloads keep running (KillMode=process)
             self.endpoints.close()
@@ -301,6 +358,12 @@ class Agent:
 
     def _stub(self) -> v1.NodeServiceStub:
         return v1.NodeServiceStub(self.endpoints.channel(), metadata=self.metadata)
+
+    async def _classify_sensitive(self, alloc_id: str) -> bool:
+        """Whether an allocation here is sensitive (its logs go to the encrypted pool):
+        sensitive work claims the nodes it is assigned, and the claim outlives it."""
+        node = await self._stub().get_node(v1.GetNodeRequest(id=self.node_id), timeout=10)
+        return bool(node.claimed_by)
 
     async def _agent_address(self, node_id: str) -> str:
         node = await self._stub().get_node(v1.GetNodeRequest(id=node_id), timeout=10)
@@ -360,7 +423,8 @@ class Agent:
 
     async def heartbeat(self) -> None:
         self.sequence += 1
-        reports = self.runtime.reports() + self.prologues.reports()
+        # checkpoints: an exit explained by a checkpoint outcome is reported as that
+        reports = self.checkpoints.reports(self.runtime.reports()) + self.prologues.reports()
         t0 = time.perf_counter()
         resp = await self._stub().heartbeat(
             v1.HeartbeatRequest(
@@ -471,7 +535,9 @@ class Agent:
         self.attaches.end_allocations(set(self.assigned), preempted)
         self._wipe_scratch_of(gone)
         await self.hydra.sync(self.assigned)
+        self.membership.sync(self.assigned, self.runtime.reports())
         self.prologues.sync(self.assigned)
+        await self.checkpoints.sync(self.assigned)  # checkpoints: registry sockets
         actions = reconcile(self.node_id, desired, self.runtime.reports(), self.attempts)
         for act in actions:
             if isinstance(act, Stop):
@@ -484,9 +550,11 @@ class Agent:
             elif isinstance(act, Forget):
                 self.runtime.forget(act.allocation_id)
                 self.attempts.pop(act.allocation_id, None)
+            elif isinstance(act, Checkpoint):  # checkpoints: through its protocol
+                self.checkpoints.begin(act.allocation)
             elif isinstance(act, Start):
                 a = act.allocation
-                self.attempts[a.id] = a.requeue_count
+                self.attempts[a.id] = attempt(a)
                 await self.runtime.start(a, nodelist=list(a.assigned_nodes))
                 if a.started_at:
                     STARTUP.labels(self.node_id).observe(max(0.0, time.time() - a.started_at))

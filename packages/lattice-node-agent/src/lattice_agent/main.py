@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from lattice_common.config import LatticeConfig, NodeAgentConfig, TlsConfig, load_config
 from lattice_common.errors import ValidationError
+from lattice_common.logcrypt import open_sensitive_log_store  # log store: sensitive pool
 from lattice_common.logstore import open_log_store  # log store
 from lattice_common.net import split_host_port
 from lattice_common.process import daemon_main, run_until_signal, start_metrics
@@ -308,6 +309,8 @@ async def run(args: argparse.Namespace) -> None:
         telemetry=cfg.telemetry,  # telemetry: TSDB endpoint, window, mode
         log_store=open_log_store(cfg.storage),  # log store: storage.log_store
         log_flush_interval=cfg.storage.log_flush_interval_seconds,  # log store
+        sensitive_log_store=open_sensitive_log_store(cfg.storage),  # log store: encrypted
+        checkpoint=cfg.checkpoint,  # checkpoints: root, timeout, max deferral
     )
     await run_until_signal(agent.run())
 

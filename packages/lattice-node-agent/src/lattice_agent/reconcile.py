@@ -30,7 +30,20 @@ class Forget(msgspec.Struct, frozen=True):
     allocation_id: str
 
 
-Action = Start | Stop | Forget
+class Checkpoint(msgspec.Struct, frozen=True):
+    """Ask the allocation to checkpoint through its protocol (lattice_agent.checkpoint);
+    its processes are stopped once that is done or has failed."""
+
+    allocation: Allocation
+
+
+Action = Start | Stop | Forget | Checkpoint
+
+
+def attempt(a: Allocation) -> int:
+    """Which run of ``a`` this is: every requeue and every preemption or suspend starts
+    a new one, so a run that comes back to this node starts afresh."""
+    return a.requeue_count + a.preempted_count
 
 
 def reconcile(
@@ -39,20 +52,23 @@ def reconcile(
     actual: list[AllocationReport],
     attempts: dict[str, int],
 ) -> list[Action]:
-    """``attempts`` maps allocation id -> requeue_count of the run we know about, so a
-    requeued allocation that comes back to this node starts afresh."""
+    """``attempts`` maps allocation id -> :func:`attempt` of the run we know about, so a
+    requeued or resumed allocation that comes back to this node starts afresh."""
     want = {a.id: a for a in desired if a.assigned_nodes and a.assigned_nodes[0] == node_id}
     have = {r.allocation_id: r for r in actual}
     actions: list[Action] = []
     for aid, r in have.items():
         a = want.get(aid)
         if a is not None and a.state == AllocationState.CHECKPOINTING and r.phase == "running":
-            # Preemption without a checkpoint broker: checkpoint=none semantics
-            actions.append(Stop(aid, "preempted", keep=True))
+            # preempted or suspended: through its checkpoint protocol when it has one,
+            # else checkpoint=none semantics (SIGTERM, grace, SIGKILL)
+            actions.append(
+                Checkpoint(a) if a.spec.checkpointable else Stop(aid, "preempted", keep=True)
+            )
             continue
         if a is None:
             actions.append(Stop(aid, "cancelled") if r.phase == "running" else Forget(aid))
-        elif attempts.get(aid, a.requeue_count) != a.requeue_count:
+        elif attempts.get(aid, attempt(a)) != attempt(a):
             # a new attempt of an allocation we ran before
             actions.append(Stop(aid, "requeued") if r.phase == "running" else Forget(aid))
             actions.append(Start(a))

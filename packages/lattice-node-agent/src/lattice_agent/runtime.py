@@ -49,7 +49,7 @@ from lattice_agent.lifecycle import (
     Status,
     signal_exit_code,
 )
-from lattice_agent.logship import LogShipper, state_path_for
+from lattice_agent.logship import LogPools, LogShipper, state_path_for
 from lattice_agent.logtail import STREAMS, LogRecord, LogTail, check_stream, tail_files
 from lattice_agent.oci import OciError, OciStore
 from lattice_agent.oci import parse_ref as parse_image_ref
@@ -104,6 +104,10 @@ class ProcessRuntime:
         scratch: Scratch | None = None,
         log_store: LogStore | None = None,
         log_flush_interval: float = 10.0,
+        log_pools: LogPools | None = None,  # log store: + the sensitive pool
+        # checkpoints: the LATTICE_CHECKPOINT_*/LATTICE_RESUME variables of a run
+        # (lattice_agent.checkpoint.CheckpointManager.environment)
+        checkpoint_env: Callable[[Allocation, Path], dict[str, str]] | None = None,
     ) -> None:
         self._node_id = node_id
         # the log store (lattice_common.logstore) and what flushes into it; None: the
@@ -112,11 +116,12 @@ class ProcessRuntime:
             LogShipper(
                 log_store,
                 node_id=node_id,
+                pools=log_pools,
                 state_path=state_path_for(Path(state_file).absolute()),
                 interval=log_flush_interval,
                 clock=clock,
             )
-            if log_store is not None
+            if log_store is not None or log_pools is not None
             else None
         )
         # who each allocation runs as (lattice_agent.identity); None: the agent itself
@@ -137,6 +142,7 @@ class ProcessRuntime:
         self._grace = float(walltime_grace_seconds)
         self._ring_lines = max(1, int(ring_buffer_lines))
         self._on_change = on_change
+        self._checkpoint_env = checkpoint_env
         self._clock = clock
         self._allocs: dict[str, AllocHandle] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -253,6 +259,18 @@ class ProcessRuntime:
 
     def reports(self) -> list[AllocationReport]:
         return [rec.report() for rec in self._allocs.values()]
+
+    def signal(self, alloc_id: str, signum: int) -> bool:
+        """Send ``signum`` to a running allocation's process group (the checkpoint
+        signal protocol's SIGUSR1). False when it is not running here."""
+        rec = self._allocs.get(alloc_id)
+        if rec is None or rec.life.phase != PHASE_RUNNING or rec.group is None:
+            return False
+        try:
+            rec.signal(signum)
+        except OSError:
+            return False
+        return True
 
     def forget(self, alloc_id: str) -> None:
         """Drop an exited allocation (its files stay on disk). Running ones are kept."""
@@ -407,6 +425,11 @@ class ProcessRuntime:
                 container=self._container(alloc, rec.paths, run_as) if alloc.spec.image else None,
                 run_as=run_as,
                 scratch=scratch,
+                extra_env=(
+                    self._checkpoint_env(alloc, rec.paths.work_dir)
+                    if self._checkpoint_env is not None
+                    else None
+                ),
             )
         except (OSError, ValueError, UenvError, OciError, IdentityError, ScratchError) as e:
             log.error("could not start allocation %s: %s", alloc.id, e)

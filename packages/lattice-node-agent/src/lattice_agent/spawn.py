@@ -72,13 +72,15 @@ _SHELL = "/bin/sh"
 #: in the allocation's work dir: its agent socket (lattice_agent.hydra) and Hydra's host file
 AGENT_SOCKET = "agent.sock"
 HYDRA_HOST_FILE = "hydra-hosts"
+NODES_FILE = "nodes"  # lattice_agent.membership writes it
 # argv: $0=lattice-wrapper $1=cwd $2=exit file $3=N, then N cgroup procs files, then the
 # command (/bin/sh -c <entrypoint>). The wrapper first writes its own pid into every procs
 # file (joins the allocation's cgroup; `echo` is a builtin, so nothing has forked yet and
 # everything the job starts is born inside); a failed join ends it with 125 before the
-# command runs. `trap : TERM` catches SIGTERM in the wrapper only (reset by exec in the child).
+# command runs. `trap : TERM USR1` catches SIGTERM and the checkpoint signal (SIGUSR1 to
+# the process group) in the wrapper only (reset by exec in the child).
 _WRAPPER = (
-    "trap : TERM; "
+    "trap : TERM USR1; "
     "d=$1; f=$2; n=$3; shift 3; "
     'while [ "$n" -gt 0 ]; do '
     'echo "$$" > "$1" || { echo "[lattice] could not join cgroup $1" >&2; '
@@ -94,7 +96,7 @@ _WRAPPER = (
 # error), then closes fd 3 so the job never inherits it. The namespace, and the mount,
 # go away with the job's last process: nothing is ever mounted on the host.
 _WRAPPER_UENV = (
-    "trap : TERM; "
+    "trap : TERM USR1; "
     "d=$1; f=$2; img=$3; mp=$4; n=$5; shift 5; "
     'while [ "$n" -gt 0 ]; do '
     'echo "$$" > "$1" || { echo "could not join cgroup $1" >&3; '
@@ -215,6 +217,7 @@ def environment(
     view: UenvView | None = None,
     run_as: RunAs | None = None,
     scratch: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The agent's environment, then Hydra's, the spec's, the uenv view's, LATTICE_* and
     their SLURM_* twins.
@@ -240,7 +243,8 @@ def environment(
     ``run_as``: the user the job runs as; when that is not the agent, its HOME, USER,
     LOGNAME and SHELL replace the agent's and the spec's (they must say who the process
     is). ``scratch``: the allocation's scratch directory, as ``LATTICE_SCRATCH`` and
-    ``TMPDIR``.
+    ``TMPDIR``. ``extra_env``: more LATTICE_* variables of this run (the checkpoint
+    variables of lattice_agent.checkpoint), set last.
     """
     # the agent's configuration and secrets (its token) stay with the agent
     env = {k: v for k, v in os.environ.items() if not is_config_env(k)}
@@ -272,11 +276,15 @@ def environment(
             "LATTICE_NODE_ID": node_id,
             "LATTICE_WORK_DIR": str(alloc_dir),
             "LATTICE_AGENT_SOCKET": str(alloc_dir / AGENT_SOCKET),
+            # the current node list, rewritten on scaling (lattice_agent.membership)
+            "LATTICE_NODES_FILE": str(alloc_dir / NODES_FILE),
         }
     )
     tags = alloc.spec.tags
     if tags.get("ntasks", "").isdigit():
         env["LATTICE_NPROCS"] = tags["ntasks"]
+    if extra_env:
+        env.update(extra_env)
     if not slurm_env:
         return env
     from lattice_common.slurm import slurm_env_nodelist
@@ -501,6 +509,7 @@ def spawn(
     container: Callable[[dict[str, str], str], list[str]] | None = None,
     run_as: RunAs | None = None,
     scratch: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Launched:
     """Start ``alloc``'s wrapper in a new session. Raises OSError/ValueError when it cannot.
 
@@ -535,13 +544,19 @@ def spawn(
             view=view,
             run_as=run_as,
             scratch=scratch,
+            extra_env=extra_env,
         )
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         out_fd = _high_fd(os.open(paths.stdout, flags, 0o640))
         err_fd = _high_fd(os.open(paths.stderr, flags, 0o640))
         # Append (a requeued run keeps the earlier output); tail only the new part.
         offsets = {"stdout": os.fstat(out_fd).st_size, "stderr": os.fstat(err_fd).st_size}
-        command = [_SHELL, "-c", spec.entrypoint] if container is None else container(env, cwd)
+        entry = spec.entrypoint
+        if spec.checkpointable and spec.checkpoint_protocol == "signal":
+            # the checkpoint signal goes to the whole process group: the shell running
+            # the entrypoint survives it (a trap is reset by exec: the job gets it)
+            entry = f"trap : USR1; {entry}"
+        command = [_SHELL, "-c", entry] if container is None else container(env, cwd)
         wrapper_cwd = cwd
         if run_as is not None and run_as.switches:
             # the job's own files: /dev/stdout reopens them, the sbatch -o links need them

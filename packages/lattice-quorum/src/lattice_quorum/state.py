@@ -90,6 +90,7 @@ _HANDLERS: dict[type[c.Command], Handler] = {
     c.AssignNodes: assignment.assign_nodes,
     c.ReleaseNodeClaim: assignment.release_node_claim,
     c.ScaleAllocation: assignment.scale_allocation,
+    c.SetScalingStatus: assignment.set_scaling_status,
     c.PreemptAllocation: assignment.preempt_allocation,
     c.ReportPrologue: staging.report_prologue,
     # tenancy

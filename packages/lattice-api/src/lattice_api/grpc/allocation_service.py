@@ -18,6 +18,7 @@ from lattice_common.proto.lattice import v1
 from lattice_common.wire import to_message
 
 from lattice_api.grpc.context import to_body, who
+from lattice_api.ops import suspend as ops_suspend
 from lattice_api.ops.allocations import AllocationOps
 from lattice_api.ops.attach import AttachOps
 from lattice_api.ops.compare import CompareOps
@@ -119,6 +120,13 @@ class AllocationService(v1.AllocationServiceBase):
 
     async def cancel(self, message: v1.CancelAllocationRequest) -> v1.Allocation:
         return to_message(await self.ops.cancel(who(), message.id), v1.Allocation)
+
+    async def suspend(self, message: v1.SuspendAllocationRequest) -> v1.Allocation:
+        # suspend / resume on demand (lattice_api.ops.suspend)
+        return to_message(await ops_suspend.suspend(self.ops, who(), message.id), v1.Allocation)
+
+    async def resume(self, message: v1.ResumeAllocationRequest) -> v1.Allocation:
+        return to_message(await ops_suspend.resume(self.ops, who(), message.id), v1.Allocation)
 
     async def watch(self, message: v1.WatchAllocationsRequest) -> AsyncIterator[v1.AllocationEvent]:
         if not message.id:

@@ -3,6 +3,7 @@ nodes' uenv caches), proto out."""
 
 from __future__ import annotations
 
+import typing
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -47,6 +48,23 @@ def _results(out: dict[str, Any]) -> v1.CacheActionResponse:
             for r in out["results"]
         ],
     )
+
+
+_SCALARS = {str, int, float, bool, type(None)}
+_REPORT_FIELDS = tuple(f.name for f in msgspec.structs.fields(AllocationReport))
+# every field a scalar (or an optional one): copied by name, no generic conversion
+_REPORT_FLAT = all(
+    f.type in _SCALARS or set(typing.get_args(f.type)) <= _SCALARS
+    for f in msgspec.structs.fields(AllocationReport)
+)
+
+
+def _report(m: v1.AllocationReport) -> AllocationReport:
+    """An AllocationReport from the wire; field by field (unset optional ones are
+    None) while the record is flat, else the generic conversion."""
+    if not _REPORT_FLAT:
+        return from_message(m, AllocationReport)
+    return AllocationReport(**{f: getattr(m, f) for f in _REPORT_FIELDS})
 
 
 def _file_event(e: v1.FileAccessEvent) -> dict[str, Any]:
@@ -127,17 +145,19 @@ class NodeService(v1.NodeServiceBase):
         if hint is not None:  # agents follow the hint to the leader
             self.ops.bind_agent(who(), message.node_id)  # followers check the node too
             return v1.HeartbeatResponse(leader_hint=hint)
-        reports = [from_message(r, AllocationReport) for r in message.allocations]
+        # the leader's hottest path (every node, every interval): flat reports copied
+        # field by field, and `is not None` (a message's truth test walks its fields)
+        reports = [_report(r) for r in message.allocations]
         health = message.health
         out = await self.ops.heartbeat(
             who(),
             message.node_id,
             message.sequence,
             reports,
-            health.conformance_fingerprint if health else "",
-            telemetry_sources=list(health.telemetry_sources) if health else None,
+            health.conformance_fingerprint if health is not None else "",
+            telemetry_sources=list(health.telemetry_sources) if health is not None else None,
         )
-        gen, _ = self.ops.desired_for(message.node_id)
+        gen = self.ops.desired_generation(message.node_id)
         return v1.HeartbeatResponse(generation=gen, reregister=bool(out.get("reregister")))
 
     async def watch_desired_state(

@@ -57,7 +57,69 @@ def submit(
         int | None,
         typer.Option(
             "--min-nodes",
-            help="Node range: start with as few as this when --nodes are not all free (services).",
+            help="Node range: start with as few as this when --nodes are not all free "
+            "(services); with --lifecycle reactive the fewest nodes it scales down to.",
+        ),
+    ] = None,
+    max_nodes: Annotated[
+        int | None,
+        typer.Option(
+            "--max-nodes", help="Reactive: the most nodes it scales up to (instead of --nodes)."
+        ),
+    ] = None,
+    lifecycle: Annotated[
+        str | None,
+        typer.Option(
+            "--lifecycle",
+            help="bounded (batch, default), unbounded (service) or reactive (autoscaling "
+            "between --min-nodes and --max-nodes on --scale-metric).",
+        ),
+    ] = None,
+    reactive: Annotated[
+        bool, typer.Option("--reactive", help="Same as --lifecycle reactive.")
+    ] = False,
+    scale_metric: Annotated[
+        str | None,
+        typer.Option(
+            "--scale-metric",
+            help="Reactive: the metric to scale on (default cpu_utilization; gpu_utilization, "
+            'or a TSDB series such as custom_metric{job="x"}).',
+        ),
+    ] = None,
+    scale_target: Annotated[
+        str | None,
+        typer.Option(
+            "--scale-target",
+            help="Reactive: add a node when the metric stays at or above this (default 0.8).",
+        ),
+    ] = None,
+    scale_interval: Annotated[
+        str | None,
+        typer.Option("--scale-interval", help="Reactive: evaluate every (default 60s)."),
+    ] = None,
+    scale_up_window: Annotated[
+        str | None,
+        typer.Option(
+            "--scale-up-window", help="Reactive: at or above target this long to add (2m)."
+        ),
+    ] = None,
+    scale_down_window: Annotated[
+        str | None,
+        typer.Option(
+            "--scale-down-window",
+            help="Reactive: at or below target x threshold this long to remove (5m).",
+        ),
+    ] = None,
+    scale_down_threshold: Annotated[
+        str | None,
+        typer.Option(
+            "--scale-down-threshold", help="Reactive: fraction of the target (default 0.5)."
+        ),
+    ] = None,
+    scale_cooldown: Annotated[
+        str | None,
+        typer.Option(
+            "--scale-cooldown", help="Reactive: no scaling this long after a change (3m)."
         ),
     ] = None,
     walltime: Annotated[
@@ -117,6 +179,15 @@ def submit(
         typer.Option(
             "--image",
             help="OCI image to run in, registry/name:tag (read-only root, as you).",
+        ),
+    ] = None,
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint",
+            help="How the job is asked to checkpoint before preemption or suspend: "
+            "signal (SIGUSR1), shmem (a flag region) or grpc (a callback); none = not "
+            "checkpointable.",
         ),
     ] = None,
     task_group: Annotated[
@@ -234,9 +305,34 @@ def submit(
             uenv=uenv,
             view=view,
             image=image,
+            checkpoint=d.parse_checkpoint(checkpoint) if checkpoint is not None else None,
             submit_dir=chdir,
             task_group=task_group,
             dependency=dependency,
+            lifecycle="reactive"
+            if reactive
+            else d.parse_lifecycle(lifecycle)
+            if lifecycle
+            else None,
+            min_nodes=d.parse_positive_int(str(min_nodes), "min nodes")
+            if min_nodes is not None
+            else None,
+            max_nodes=d.parse_positive_int(str(max_nodes), "max nodes")
+            if max_nodes is not None
+            else None,
+            scaling={
+                d.SCALE_OPTIONS[option]: d.parse_scale_value(option, value)
+                for option, value in (
+                    ("--scale-metric", scale_metric),
+                    ("--scale-target", scale_target),
+                    ("--scale-interval", scale_interval),
+                    ("--scale-up-window", scale_up_window),
+                    ("--scale-down-window", scale_down_window),
+                    ("--scale-down-threshold", scale_down_threshold),
+                    ("--scale-cooldown", scale_cooldown),
+                )
+                if value is not None
+            },
         )
         if dependency is not None:
             directives.check_dependency(dependency, "--dependency")
@@ -266,8 +362,6 @@ def submit(
                 "(`lattice submit -N 2 -- hostname`).",
                 code=2,
             )
-        if min_nodes is not None:
-            d.parse_positive_int(str(min_nodes), "min nodes")
     except d.DirectiveError as exc:
         fail(exc.message, hint=exc.hint, code=2)
 
@@ -279,9 +373,16 @@ def submit(
         opts,
         entrypoint,
         default_name,
-        min_nodes=min_nodes,
+        min_nodes=opts.min_nodes,
         wait_for_capacity=wait_for_capacity,
     )
+    # lifecycle and reactive scaling: bounds min_nodes..max_nodes, the server checks them
+    if opts.lifecycle:
+        spec.lifecycle = opts.lifecycle
+    if opts.max_nodes is not None:
+        spec.nodes = opts.max_nodes
+    if opts.scaling:
+        spec.scaling = dict(opts.scaling)
     try:
         spec.expose = [d.parse_expose(e) for e in expose or []]
         if liveness:

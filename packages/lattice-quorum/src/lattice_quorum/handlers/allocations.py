@@ -9,8 +9,11 @@ claims) are in ``handlers.assignment``.
 from __future__ import annotations
 
 from lattice_common import commands as c
+from lattice_common.assignment import is_sensitive
 from lattice_common.errors import (
+    FailedPrecondition,
     InvalidTransition,
+    PermissionDenied,
     StaleRevision,
     ValidationError,
 )
@@ -130,6 +133,13 @@ def update_allocation_state(
             if cmd.peak_memory_bytes is not None:
                 a.peak_memory_bytes = cmd.peak_memory_bytes
         return c.CommandResult(revision=state.revision, allocation=a)
+    if cmd.state == AllocationState.SUSPENDED:
+        # a Suspended allocation always has a checkpoint to resume from
+        raise InvalidTransition(
+            f"allocation {a.id} can become Suspended only with a recorded checkpoint",
+            details={"allocation": a.id, "from": a.state.value, "to": cmd.state.value},
+            hint="Its head node's agent reports the checkpoint (RecordCheckpoint).",
+        )
     if a.state == AllocationState.PENDING and cmd.state in HOLDING_STATES:
         raise InvalidTransition(
             f"allocation {a.id} is Pending; only a node assignment can start it",
@@ -206,4 +216,91 @@ def requeue_allocation(
         finish(state, a, AllocationState.FAILED, cmd.now, cmd.reason, None, ch)
     else:
         requeue(state, a, cmd.reason, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+# --- checkpoint, suspend and resume (spec: Preemption Policy, Checkpoint Broker) -------
+
+
+def suspend_allocation(
+    state: GlobalState, cmd: c.SuspendAllocation, ch: Changes
+) -> c.CommandResult:
+    a = find_alloc(state, cmd.allocation_id)
+    if a.state != AllocationState.RUNNING:
+        raise InvalidTransition(
+            f"allocation {a.id} is {a.state.value}; only a Running allocation can be suspended",
+            details={"allocation": a.id, "state": a.state.value},
+            hint="Check its state with `lattice status ID`.",
+        )
+    if not a.spec.checkpointable:
+        raise FailedPrecondition(
+            f"allocation {a.id} cannot be suspended: it declares no checkpoint protocol "
+            f"(checkpoint: {a.spec.checkpoint})",
+            details={"allocation": a.id, "checkpoint": a.spec.checkpoint},
+            hint="Submit with --checkpoint=signal|shmem|grpc to make a job suspendable.",
+        )
+    if is_sensitive(a, state.vclusters):
+        raise FailedPrecondition(
+            f"allocation {a.id} is sensitive and is never suspended",
+            details={"allocation": a.id},
+            hint="Sensitive allocations run until they end or are cancelled.",
+        )
+    v = state.vclusters.get(a.spec.vcluster)
+    if v is not None and not v.allow_user_suspend:
+        raise PermissionDenied(
+            f"vCluster {v.name} does not allow users to suspend allocations",
+            details={"vcluster": v.name},
+            hint="Ask an administrator to set allow_user_suspend on the vCluster.",
+        )
+    bump(state)
+    a.state = AllocationState.CHECKPOINTING
+    a.preempted_by = ""  # no preemptor: it stays Suspended until resumed
+    a.reason = "suspended"
+    a.checkpoint_hint_at = cmd.now
+    touch_alloc(state, a, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def record_checkpoint(state: GlobalState, cmd: c.RecordCheckpoint, ch: Changes) -> c.CommandResult:
+    a = find_alloc(state, cmd.allocation_id)
+    if a.state != AllocationState.CHECKPOINTING:
+        raise InvalidTransition(
+            f"allocation {a.id} is {a.state.value}, not Checkpointing: the checkpoint is not used",
+            details={"allocation": a.id, "state": a.state.value},
+            hint="Only a checkpoint asked for by preemption or suspend suspends an allocation.",
+        )
+    if not a.assigned_nodes or a.assigned_nodes[0] != cmd.node_id:
+        raise ValidationError(
+            f"node {cmd.node_id} is not the head node of allocation {a.id}",
+            details={"allocation": a.id, "node": cmd.node_id},
+            hint="The head node's agent reports the allocation's checkpoint.",
+        )
+    ck = cmd.checkpoint
+    if not ck.id or not ck.path or ck.size_bytes < 0 or ck.duration_seconds < 0:
+        raise ValidationError(
+            f"checkpoint of allocation {a.id} is incomplete: id {ck.id!r}, path {ck.path!r}",
+            hint="A checkpoint record needs an id, a path and non-negative size and duration.",
+        )
+    check_transition(a.id, a.state, AllocationState.SUSPENDED)
+    bump(state)
+    release_nodes(state, a, ch)
+    a.assigned_nodes = []
+    a.state = AllocationState.SUSPENDED
+    a.last_checkpoint = ck
+    a.reason = "preempted" if a.preempted_by else "suspended"
+    a.estimated_start, a.estimate_basis = None, ""
+    touch_alloc(state, a, ch)
+    return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def resume_allocation(state: GlobalState, cmd: c.ResumeAllocation, ch: Changes) -> c.CommandResult:
+    a = find_alloc(state, cmd.allocation_id)
+    if a.state != AllocationState.SUSPENDED:
+        raise InvalidTransition(
+            f"allocation {a.id} is {a.state.value}; only a Suspended allocation can be resumed",
+            details={"allocation": a.id, "state": a.state.value},
+            hint="Check its state with `lattice status ID`.",
+        )
+    # counted like a preemption: every run stopped for a checkpoint is one more
+    requeue(state, a, "resumed", ch, preempted=True)
     return c.CommandResult(revision=state.revision, allocation=a)

@@ -1,5 +1,6 @@
 """Command handlers that give nodes to allocations or take them back: assignment,
-scaling a running allocation, preemption, and releasing a sensitive node claim.
+scaling a running allocation (and the autoscaler's status of reactive ones), preemption,
+and releasing a sensitive node claim.
 
 The checks (freshness, exclusive ownership, quotas, sensitive claims and pool size,
 preemption rules) are ``lattice_common.assignment``'s, shared with RM-Replay; this
@@ -12,7 +13,7 @@ from lattice_common import assignment
 from lattice_common import audit as audit_log
 from lattice_common import commands as c
 from lattice_common.errors import InvalidTransition, PermissionDenied, ValidationError
-from lattice_common.types import Allocation, AllocationState, Node, claimant
+from lattice_common.types import Allocation, AllocationState, Node, ScalingStatus, claimant
 
 from lattice_quorum.global_state import Changes, GlobalState
 from lattice_quorum.handlers.audit import note
@@ -180,8 +181,42 @@ def scale_allocation(state: GlobalState, cmd: c.ScaleAllocation, ch: Changes) ->
             touch_node(state, n, ch)
     gone = set(remove)
     a.assigned_nodes = [nid for nid in a.assigned_nodes if nid not in gone] + add
+    if cmd.status is not None:  # the autoscaler's decision, with the change it made
+        a.scaling_status = _bounded_status(cmd.status)
     touch_alloc(state, a, ch)
     return c.CommandResult(revision=state.revision, allocation=a)
+
+
+def set_scaling_status(state: GlobalState, cmd: c.SetScalingStatus, ch: Changes) -> c.CommandResult:
+    """The autoscaler's word on reactive allocations it did not scale; allocations that
+    are gone, not running or not reactive are skipped, and only differences change
+    anything."""
+    changed: list[Allocation] = []
+    for aid in sorted(cmd.statuses):
+        a = state.allocations.get(aid)
+        if a is None or a.state != AllocationState.RUNNING or a.spec.scaling is None:
+            continue
+        status = _bounded_status(cmd.statuses[aid])
+        if status != a.scaling_status:
+            a.scaling_status = status
+            changed.append(a)
+    if not changed:
+        return c.CommandResult(revision=state.revision)
+    bump(state)
+    for a in changed:
+        touch_alloc(state, a, ch)
+    return c.CommandResult(revision=state.revision)
+
+
+def _bounded_status(s: ScalingStatus) -> ScalingStatus:
+    """Texts cut to 200 characters, like pending reasons."""
+    return ScalingStatus(
+        target=s.target,
+        last_decision=s.last_decision[:8],
+        reason=s.reason[:200],
+        at=s.at,
+        blocked=s.blocked[:200],
+    )
 
 
 def preempt_allocation(

@@ -29,6 +29,7 @@ _VCLUSTER_FIELDS = {
     "cycle_interval_seconds",
     "backfill_depth",
     "allow_borrowing",
+    "allow_user_suspend",
 }
 
 
