@@ -1,6 +1,7 @@
 """The permission table covers exactly what lattice-server serves.
 
-Every RPC of the generated service bases served (Allocation, Node, Admin, Quorum) and
+Every RPC of the generated service bases served (Allocation, Node, Admin, Quorum,
+Accounting) and
 every route of the REST router has one entry; no entry names an RPC or a route that
 does not exist; every permission named has roles; and an RPC is marked NOT_BUILT
 exactly when its adapter does not implement it.
@@ -30,7 +31,13 @@ from lattice_common.proto.lattice import v1
 from lattice_quorum.local import LocalQuorum
 from lattice_test_harness.local_api import MemoryLogs
 
-SERVED = (v1.AllocationServiceBase, v1.NodeServiceBase, v1.AdminServiceBase, v1.QuorumServiceBase)
+SERVED = (
+    v1.AllocationServiceBase,
+    v1.NodeServiceBase,
+    v1.AdminServiceBase,
+    v1.QuorumServiceBase,
+    v1.AccountingServiceBase,
+)
 
 
 def served_rpcs() -> dict[str, str]:

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import signal
+from typing import Any
 
 from aiohttp import web
 from lattice_common.agents import AgentChannels
@@ -139,6 +140,7 @@ async def serve(
         tsdb_endpoint=cfg.telemetry.tsdb_endpoint,
         telemetry_window_seconds=cfg.telemetry.aggregation_window_seconds,
         telemetry_mode=cfg.telemetry.mode,
+        **_accounting_settings(cfg),
     )
     agents = AgentChannels(agent_token, ssl=tls.client if tls is not None else None)
     # log store: history; sensitive allocations' in the encrypted pool; retention
@@ -232,10 +234,25 @@ async def serve(
         await ops.recorder.flush(timeout=2.0)  # what was recorded, appended if it can be
         await ops.recorder.close()
         await ops.launches.close()
+        if ops.accounting.client is not None:
+            await ops.accounting.client.close()
         if fabric is not None:
             await fabric.close()
         logs.close()
         member.close()
+
+
+def _accounting_settings(cfg: LatticeConfig) -> dict[str, Any]:
+    """accounting.enabled: where lattice-accounting's internal API is, and its token."""
+    ac = cfg.accounting
+    if not ac.enabled:
+        return {}
+    token = ac.service_token.get_secret_value() if ac.service_token else ""
+    return {
+        "accounting_url": ac.service_url,
+        "accounting_token": token,
+        "accounting_timeout": ac.request_timeout_seconds,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

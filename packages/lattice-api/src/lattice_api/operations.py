@@ -9,10 +9,12 @@ from __future__ import annotations
 from lattice_common.agents import AgentChannels
 from lattice_quorum.quorum import Quorum
 
+from lattice_api.accounting_client import AccountingClient
 from lattice_api.audit import AuditRecorder, load_signing_key
 from lattice_api.fabric import FabricManager
 from lattice_api.node_monitor import NodeMonitor
 from lattice_api.oidc import OidcProvider
+from lattice_api.ops.accounting import AccountingOps
 from lattice_api.ops.admin import AdminOps
 from lattice_api.ops.allocations import AllocationOps, LogSource, uenv_resolver
 from lattice_api.ops.attach import AttachOps
@@ -69,6 +71,19 @@ class Operations:
             uenv=uenv_resolver(settings.uenv_registry, settings.uenv_signing_key),
             audit=self.recorder,
         )
+        # accounting (lattice-accounting's internal API): balances, prices, and the
+        # reservation gate of every submit path (off: no client, the gate does nothing)
+        self.accounting = AccountingOps(
+            quorum,
+            AccountingClient(
+                settings.accounting_url,
+                settings.accounting_token,
+                timeout=settings.accounting_timeout,
+            )
+            if settings.accounting_url
+            else None,
+        )
+        self.allocations.gate = self.accounting
         self.dags = DagOps(quorum, self.allocations, max_size=settings.max_dag_size)
         self.sessions = SessionOps(quorum, self.allocations)
         self.launches = LaunchOps(quorum, agents or AgentChannels(), fabric=fabric)

@@ -73,6 +73,13 @@ ROLES: dict[str, frozenset[Role]] = {
     "auth.whoami": frozenset(Role),
     # backups of the whole quorum state (every tenant's records, the CA key)
     "backup.admin": frozenset({Role.SYSTEM_ADMIN}),
+    # accounting (lattice_api.ops.accounting): balances, transactions, costs and prices
+    # are read by people (which tenant: check_tenant/check_project there); transfers by
+    # system and tenant admins (their tenant); top-ups, prices, status, reconcile by
+    # system admins
+    "accounting.read": _READ,
+    "accounting.transfer": frozenset({Role.SYSTEM_ADMIN, Role.TENANT_ADMIN}),
+    "accounting.admin": frozenset({Role.SYSTEM_ADMIN}),
 }
 _ADMIN_ONLY = frozenset({Role.SYSTEM_ADMIN})  # any permission not listed in ROLES
 
@@ -98,6 +105,9 @@ RPCS: dict[str, str] = {
     "AllocationService.GetDag": "allocation.read",
     "AllocationService.ListDags": "allocation.read",
     "AllocationService.CancelDag": "allocation.cancel",
+    # suspend / resume on demand: the owner's (or an admin's), like cancel
+    "AllocationService.Suspend": "allocation.cancel",
+    "AllocationService.Resume": "allocation.cancel",
     "AllocationService.CreateSession": "allocation.submit",
     "AllocationService.GetSession": "allocation.read",
     "AllocationService.DeleteSession": "allocation.cancel",
@@ -143,6 +153,15 @@ RPCS: dict[str, str] = {
     "AdminService.GetUserUsage": "tenant.read",
     "AdminService.LookupService": "service.read",
     "AdminService.ListServices": "service.read",
+    "AccountingService.GetBalance": "accounting.read",
+    "AccountingService.TopUp": "accounting.admin",
+    "AccountingService.Transfer": "accounting.transfer",
+    "AccountingService.ListTransactions": "accounting.read",
+    "AccountingService.GetCosts": "accounting.read",
+    "AccountingService.SetPrice": "accounting.admin",
+    "AccountingService.ListPrices": "accounting.read",
+    "AccountingService.GetAccountingStatus": "accounting.admin",
+    "AccountingService.Reconcile": "accounting.admin",
     "QuorumService.Propose": "quorum.internal",
     "QuorumService.Read": NOT_BUILT,
     "QuorumService.WatchState": "quorum.internal",
@@ -160,6 +179,8 @@ ROUTES: dict[str, str] = {
     "GET /api/v1/allocations": "allocation.read",
     "GET /api/v1/allocations/{id}": "allocation.read",
     "DELETE /api/v1/allocations/{id}": "allocation.cancel",
+    "POST /api/v1/allocations/{id}/suspend": "allocation.cancel",
+    "POST /api/v1/allocations/{id}/resume": "allocation.cancel",
     "GET /api/v1/allocations/{id}/watch": "allocation.read",
     "POST /api/v1/sessions": "allocation.submit",
     "GET /api/v1/sessions": "allocation.read",
@@ -232,6 +253,17 @@ ROUTES: dict[str, str] = {
     "POST /api/v1/admin/backup": "backup.admin",
     "GET /api/v1/admin/backup/verify": "backup.admin",
     "POST /api/v1/admin/restore": "backup.admin",
+    # accounting (lattice-accounting's ledger, through lattice_api.ops.accounting)
+    "GET /api/v1/accounts/balance": "accounting.read",
+    "POST /api/v1/accounts/topup": "accounting.admin",
+    "POST /api/v1/accounts/transfer": "accounting.transfer",
+    "GET /api/v1/accounts/transactions": "accounting.read",
+    "GET /api/v1/accounts/costs": "accounting.read",
+    "GET /api/v1/accounts/allocations": "accounting.read",  # visible allocations only
+    "GET /api/v1/admin/prices": "accounting.read",
+    "POST /api/v1/admin/prices": "accounting.admin",
+    "GET /api/v1/admin/accounting/status": "accounting.admin",
+    "POST /api/v1/admin/accounting/reconcile": "accounting.admin",
 }
 
 

@@ -43,6 +43,11 @@ class ApiSettings:
     tsdb_timeout: float = 10.0
     telemetry_window_seconds: float = 30.0
     telemetry_mode: str = "prod"
+    # accounting.enabled: where lattice-accounting's internal API is and its service token
+    # (lattice_api.ops.accounting); "" = accounting off: no gate, accounting calls refused
+    accounting_url: str = ""
+    accounting_token: str = dataclasses.field(default="", repr=False)
+    accounting_timeout: float = 5.0
 
 
 __all__ = ["ApiSettings"]

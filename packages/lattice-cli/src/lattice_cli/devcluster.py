@@ -138,6 +138,8 @@ class LocalCluster:
         agent_args: tuple[str, ...] = (),
         secure: bool = False,
         tsdb: bool | None = None,
+        accounting: bool | str = False,
+        accounting_options: dict[str, Any] | None = None,
     ) -> None:
         if members not in (1, 3, 5):
             raise ClusterError("a quorum has 1, 3 or 5 members")
@@ -156,6 +158,9 @@ class LocalCluster:
         self.agent_args = tuple(agent_args)  # extra lattice-agent flags (they win)
         self.env = {**os.environ, **(env or {})}
         self.env.setdefault("PYTHONUNBUFFERED", "1")
+        # checkpoints: one directory of this cluster, shared by its agents (a job resumes
+        # on any node), unless the environment names one
+        self.env.setdefault("LATTICE_CHECKPOINT__CHECKPOINT_ROOT", str(self.base / "checkpoints"))
         self.members: list[Member] = []
         self.schedulers: dict[str, subprocess.Popen[bytes]] = {}
         self.agents: list[AgentProc] = []
@@ -166,6 +171,18 @@ class LocalCluster:
         self.tsdb = tsdb_installed() if tsdb is None else tsdb
         self.tsdb_proc: subprocess.Popen[bytes] | None = None
         self.tsdb_port = 0
+        # lattice-accounting: off, True (SQLite under the cluster dir) or a database URL
+        # (postgresql+asyncpg://...); accounting_options: more of the accounting section
+        self.accounting = accounting
+        self.accounting_options = dict(accounting_options or {})
+        self.accounting_proc: subprocess.Popen[bytes] | None = None
+        self.accounting_port = 0
+        self.accounting_token = ""
+        if accounting:
+            import secrets
+
+            self.accounting_port = free_port()
+            self.accounting_token = secrets.token_urlsafe(24)
         if self.tsdb:
             self.tsdb_port = 8428 if preferred_ports and port_free(8428) else free_port()
             self.env["LATTICE_TELEMETRY__TSDB_ENDPOINT"] = self.tsdb_url
@@ -262,7 +279,63 @@ class LocalCluster:
                 "walltime_grace_seconds": self.walltime_grace,
             },
             "scheduling": {"cycle_interval_seconds": self.cycle_interval},
+            **({"accounting": self._accounting_section()} if self.accounting else {}),
         }
+
+    # --- accounting ---------------------------------------------------------------------
+
+    def _accounting_section(self) -> dict[str, Any]:
+        """The ``accounting`` section lattice-server and lattice-accounting share."""
+        section: dict[str, Any] = {
+            "enabled": True,
+            "provider": "none",
+            "listen": f"127.0.0.1:{self.accounting_port}",
+            "service_token": self.accounting_token,
+            "data_dir": str(self.base / "accounting"),
+            "metrics_listen": "",
+            "disk_buffer_path": str(self.base / "accounting" / "wal"),
+        }
+        if isinstance(self.accounting, str):
+            section["database_url"] = self.accounting
+        section.update(self.accounting_options)
+        return section
+
+    @property
+    def accounting_url(self) -> str:
+        return f"http://127.0.0.1:{self.accounting_port}"
+
+    def start_accounting(self, timeout: float = 30.0) -> None:
+        """lattice-accounting (when the cluster has accounting), ready when its internal
+        API answers."""
+        if not self.accounting:
+            return
+        cfg: dict[str, Any] = {"accounting": self._accounting_section()}
+        if self.secure is not None:
+            cfg.update(self.secure.scheduler_config("accounting"))
+        path = self.base / "accounting.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        path.chmod(0o600)  # holds the service token
+        self.accounting_proc = self._spawn(
+            "accounting",
+            "lattice_accounting.main",
+            ["--config", str(path), "--quorum-endpoint", self.grpc_endpoints],
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.accounting_proc.poll() is not None:
+                raise ClusterError(f"lattice-accounting exited; see {self.log_path('accounting')}")
+            try:
+                with urllib.request.urlopen(self.accounting_url + "/healthz", timeout=1) as r:
+                    if json.loads(r.read()).get("ok"):
+                        return
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            time.sleep(0.1)
+        raise ClusterError(f"lattice-accounting did not start; see {self.log_path('accounting')}")
+
+    def stop_accounting(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        _stop(self.accounting_proc, sig, timeout)
+        self.accounting_proc = None
 
     @property
     def grpc_endpoints(self) -> str:
@@ -480,6 +553,7 @@ class LocalCluster:
         self.ensure_defaults(leader)
         for vc in self.vclusters:
             self.start_scheduler(vc)
+        self.start_accounting(timeout)
         for a in self.agents:
             self._bootstrap(a)
             self.start_agent(a)
@@ -514,6 +588,7 @@ class LocalCluster:
         for p in self.schedulers.values():
             _stop(p, signal.SIGTERM, 10)
         self.schedulers.clear()
+        self.stop_accounting()
         for m in self.members:
             self.stop_member(m)
         _stop(self.idp_proc, signal.SIGTERM, 5)

@@ -549,6 +549,43 @@ class StorageConfig(_Section):
     s3_secret_access_key: SecretStr | None = Field(
         default=None, description="S3 secret access key (a secret reference)"
     )
+    # retention (lattice_api.log_retention, on the quorum leader): what ended longer ago
+    # is deleted from the log store; 0 = kept forever
+    log_retention_days: float = Field(
+        default=30.0, ge=0, description="logs of ended allocations (spec default: 30 days)"
+    )
+    debug_trace_retention_days: float = Field(
+        default=7.0, ge=0, description="debug-mode telemetry traces (spec default: 7 days)"
+    )
+    log_retention_interval_seconds: float = Field(
+        default=3600.0, gt=0, description="how often the leader sweeps the log stores"
+    )
+    # the sensitive pool (spec: Sensitive Workloads, Observability Constraints): logs and
+    # traces of sensitive allocations, encrypted with sensitive_log_key
+    # (lattice_common.logcrypt); never written to the ordinary log store
+    sensitive_log_store: Literal["fs", "s3", "none"] = Field(
+        default="none",
+        description="fs = sensitive_log_store_dir, s3 = sensitive_log_bucket at s3_endpoint, "
+        "none = sensitive output stays on its nodes",
+    )
+    sensitive_log_store_dir: str = Field(
+        default="/var/lib/lattice/sensitive-log-store",
+        description="root of the fs sensitive pool (a dedicated, access-logged file system)",
+    )
+    sensitive_log_bucket: str = Field(
+        default="", description="the sensitive pool's bucket (dedicated, access-logged)"
+    )
+    sensitive_log_key: SecretStr | None = Field(
+        default=None,
+        description="AES-256 key of the sensitive pool: 32 bytes as base64 or 64 hex digits "
+        "(a secret reference, e.g. vault://lattice/sensitive-log-key)",
+    )
+    sensitive_log_retention_days: float = Field(
+        default=2557.0,
+        ge=0,
+        description="the sensitive data retention policy (default 7 years, the regulatory "
+        "audit retention; 0 = forever)",
+    )
 
     @model_validator(mode="after")
     def _log_store(self) -> StorageConfig:
@@ -556,6 +593,23 @@ class StorageConfig(_Section):
             raise ValueError("log_store is s3 but log_bucket is empty")
         if self.log_store == "fs" and not self.log_store_dir:
             raise ValueError("log_store is fs but log_store_dir is empty")
+        if self.sensitive_log_store == "s3" and not self.sensitive_log_bucket:
+            raise ValueError("sensitive_log_store is s3 but sensitive_log_bucket is empty")
+        if self.sensitive_log_store == "s3" and self.sensitive_log_bucket == self.log_bucket:
+            raise ValueError("sensitive_log_bucket must differ from log_bucket (a dedicated pool)")
+        if self.sensitive_log_store == "fs" and not self.sensitive_log_store_dir:
+            raise ValueError("sensitive_log_store is fs but sensitive_log_store_dir is empty")
+        if (
+            self.sensitive_log_store == "fs"
+            and self.log_store == "fs"
+            and os.path.abspath(self.sensitive_log_store_dir) == os.path.abspath(self.log_store_dir)
+        ):
+            raise ValueError("sensitive_log_store_dir must differ from log_store_dir")
+        if self.sensitive_log_store != "none" and self.sensitive_log_key is None:
+            raise ValueError(
+                "sensitive_log_store is set but sensitive_log_key is not (sensitive logs are "
+                "never written unencrypted)"
+            )
         return self
 
 
@@ -641,6 +695,32 @@ class TelemetryConfig(_Section):
 
 
 # ---------------------------------------------------------------------------------------
+# backups of the quorum state
+# ---------------------------------------------------------------------------------------
+
+
+class BackupConfig(_Section):
+    """Scheduled snapshots of the quorum state (spec: Disaster Recovery; lattice_api.ops.backup).
+    The leader writes ``snap-<UTC timestamp>.bin`` and ``snap-latest.bin`` to
+    ``destination``; S3 uses the endpoint and credentials of ``storage``."""
+
+    schedule_interval_seconds: float = Field(
+        default=3600.0, ge=0, description="snapshot this often (leader only); 0 = off"
+    )
+    destination: str = Field(
+        default="",
+        description="a directory or s3://bucket/prefix for scheduled snapshots; empty = "
+        "quorum.backup_dir (where `lattice admin backup create` writes without --to)",
+    )
+    retention_count: int | None = Field(
+        default=None,
+        ge=1,
+        description="snap-<timestamp>.bin files kept, older ones deleted; unset = "
+        "quorum.snapshot_retention_count (5)",
+    )
+
+
+# ---------------------------------------------------------------------------------------
 # checkpoint broker, network
 # ---------------------------------------------------------------------------------------
 
@@ -656,6 +736,14 @@ class CheckpointConfig(_Section):
     )
     storage_probe_interval_seconds: float = Field(
         default=60.0, gt=0, description="write probe of the checkpoint destination"
+    )
+    checkpoint_root: str = Field(
+        default="/var/lib/lattice/checkpoints",
+        description="agents write checkpoints under {root}/{tenant}/{project}/{alloc}/"
+        "checkpoints/{id}/; shared by all nodes so a job resumes anywhere",
+    )
+    max_deferral_seconds: float = Field(
+        default=300.0, ge=0, description="gRPC callback: deferral granted at most, then forced"
     )
     metrics_listen: str = Field(default="0.0.0.0:9104", description="empty = no metrics")
 
@@ -704,10 +792,32 @@ class NetworkConfig(_Section):
 # ---------------------------------------------------------------------------------------
 
 
+#: the specification's nested ``accounting.waldur`` keys -> the flat field they set
+_WALDUR_KEYS = {
+    "api_url": "waldur_url",
+    "url": "waldur_url",
+    "token": "waldur_token",
+    "token_secret_ref": "waldur_token_secret_ref",
+    "push_interval_seconds": "push_interval_seconds",
+    "buffer_size": "buffer_size",
+    "disk_buffer_path": "disk_buffer_path",
+    "disk_buffer_max_events": "disk_buffer_max_events",
+    "disk_buffer_max_bytes": "disk_buffer_max_bytes",
+}
+
+
 class AccountingConfig(_Section):
-    """Waldur accounting push (spec: Accounting via Waldur). Off = no accounting code runs."""
+    """Waldur accounting push (spec: Accounting via Waldur). Off = no accounting code runs.
+
+    The specification's form ``waldur: {api_url, token_secret_ref, push_interval_seconds,
+    buffer_size, disk_buffer_path, disk_buffer_max_events}`` is accepted and sets the
+    flat fields below (``api_url`` -> ``waldur_url``, ``token_secret_ref`` ->
+    ``waldur_token_secret_ref``)."""
 
     enabled: bool = False
+    # who receives the accounting events: "waldur" (push to Waldur) or "none" (nothing
+    # leaves the cluster)
+    provider: Literal["none", "waldur"] = "waldur"
     waldur_url: str = Field(default="", description="Waldur API base URL")
     waldur_token: SecretStr | None = Field(
         default=None, description="API token; env LATTICE_ACCOUNTING__WALDUR_TOKEN, not the file"
@@ -717,12 +827,73 @@ class AccountingConfig(_Section):
     buffer_size: int = Field(default=10000, ge=1, description="in-memory event buffer")
     disk_buffer_path: str = "/var/lib/lattice/accounting-wal"
     disk_buffer_max_events: int = Field(default=100000, ge=1)
+    # the disk buffer is full at this size: events that fit neither in memory nor on
+    # disk are dropped (lattice_accounting_events_dropped_total)
+    disk_buffer_max_bytes: int = Field(default=1 << 30, ge=4096)
+    # --- the lattice-accounting service (ledger, reservation gate, charger, watchdog) ---
+    # the ledger's database: "" = SQLite file ledger.db under data_dir (development);
+    # postgresql+asyncpg://... in production
+    database_url: str = ""
+    data_dir: str = "/var/lib/lattice/accounting"
+    # the service's INTERNAL HTTP API (lattice-server only), and where lattice-server
+    # finds it ("" = http://<listen>)
+    listen: str = "127.0.0.1:9106"
+    url: str = ""
+    # shared by lattice-server and lattice-accounting; env LATTICE_ACCOUNTING__SERVICE_TOKEN
+    # or a secret reference, never logged
+    service_token: SecretStr | None = Field(default=None, description="internal API token")
+    metrics_listen: str = "0.0.0.0:9105"
+    charge_interval_seconds: float = Field(default=60.0, gt=0)
+    # ranged/unbounded allocations reserve (and keep topped up) this far ahead
+    reserve_ahead_seconds: float = Field(default=3600.0, gt=0)
+    # a running allocation whose charge cannot be covered is cancelled after this
+    funds_exhausted_grace_seconds: float = Field(default=60.0, ge=0)
+    # a bound reservation whose allocation has not started after this gives its money
+    # back (the allocation stays queued and is charged from the project when it runs)
+    reservation_start_timeout_seconds: float = Field(default=86400.0, gt=0)
+    # a reservation whose allocation never appeared in the quorum (the API died between
+    # reserve and propose) is released after this
+    reservation_orphan_grace_seconds: float = Field(default=120.0, gt=0)
+    # lattice-server's timeout for one call to the internal API
+    request_timeout_seconds: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spec_form(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "waldur" not in data:
+            return data
+        nested = data["waldur"]
+        if nested is None:
+            nested = {}
+        if not isinstance(nested, dict):
+            raise ValueError("accounting.waldur must be a mapping")
+        out = {k: v for k, v in data.items() if k != "waldur"}
+        for key, value in nested.items():
+            name = _WALDUR_KEYS.get(key)
+            if name is None:
+                raise ValueError(
+                    f"unknown key accounting.waldur.{key} "
+                    f"(known: {', '.join(sorted(_WALDUR_KEYS))})"
+                )
+            if name in out:
+                raise ValueError(f"give either accounting.{name} or accounting.waldur.{key}")
+            out[name] = value
+        return out
 
     @model_validator(mode="after")
     def _url(self) -> AccountingConfig:
-        if self.enabled and not self.waldur_url:
+        if self.enabled and self.provider == "waldur" and not self.waldur_url:
             raise ValueError("accounting is enabled but waldur_url is empty")
         return self
+
+    @property
+    def service_url(self) -> str:
+        """Where lattice-server reaches the internal API."""
+        return (self.url or f"http://{self.listen}").rstrip("/")
+
+    @property
+    def ledger_url(self) -> str:
+        return self.database_url or f"sqlite+aiosqlite:///{Path(self.data_dir) / 'ledger.db'}"
 
 
 class RateLimitOverride(_Section):
@@ -879,6 +1050,7 @@ class LatticeConfig(_Section):
     compat: CompatConfig = Field(default_factory=CompatConfig)
     secrets: SecretsConfig = Field(default_factory=SecretsConfig)
     tls: TlsConfig = Field(default_factory=TlsConfig)
+    backup: BackupConfig = Field(default_factory=BackupConfig)
 
     #: "section.field" -> the reference it was resolved from (set by load_config)
     _secret_refs: dict[str, str] = pydantic.PrivateAttr(default_factory=dict)

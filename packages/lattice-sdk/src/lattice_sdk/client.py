@@ -335,6 +335,21 @@ class LatticeClient:
         """Cancel an allocation; returns it in its new (Cancelled) state."""
         return Allocation.from_dict(await self._call("DELETE", f"/allocations/{_seg(alloc_id)}"))
 
+    async def suspend(self, alloc_id: str) -> Allocation:
+        """Checkpoint a Running allocation and hold it Suspended (its owner, where the
+        vCluster allows; it must have been submitted with a checkpoint protocol).
+        Returns it Checkpointing; it becomes Suspended once its checkpoint is written."""
+        return Allocation.from_dict(
+            await self._call("POST", f"/allocations/{_seg(alloc_id)}/suspend", body={})
+        )
+
+    async def resume(self, alloc_id: str) -> Allocation:
+        """Put a Suspended allocation back in the queue at once; it resumes from its
+        checkpoint (LATTICE_RESUME=1, LATTICE_CHECKPOINT_PATH). Returns it Pending."""
+        return Allocation.from_dict(
+            await self._call("POST", f"/allocations/{_seg(alloc_id)}/resume", body={})
+        )
+
     async def watch(self, alloc_id: str) -> AsyncIterator[AllocationEvent]:
         """Yield one event per change, starting with the current state; ends when the
         allocation reaches a terminal state (the server closes the stream)."""
@@ -1029,6 +1044,72 @@ class LatticeClient:
     async def health(self) -> dict[str, Any]:
         """``GET /healthz``: ``{"status": "ok", ...}`` when the server is up."""
         return await self._call("GET", "/healthz", prefix="")
+
+    # --- accounting (the built-in ledger; accounting.enabled) -------------------------
+    # Money is decimal text ("12.50"); pass amounts as str or Decimal, not float.
+
+    async def balance(
+        self, tenant: str | None = None, project: str | None = None
+    ) -> dict[str, Any]:
+        """``{available, reserved, spent, allocated}`` of a tenant (default: the caller's)
+        or one of its projects."""
+        return await self._call(
+            "GET", "/accounts/balance", params={"tenant": tenant, "project": project}
+        )
+
+    async def topup(self, tenant: str, amount: Any) -> dict[str, Any]:
+        """Funds paid in for ``tenant`` (system admins)."""
+        return await self._call(
+            "POST", "/accounts/topup", body={"tenant": tenant, "amount": str(amount)}
+        )
+
+    async def transfer(
+        self, project: str, amount: Any, tenant: str | None = None
+    ) -> dict[str, Any]:
+        """Tenant -> one of its projects; returns the project's balance."""
+        body = {"tenant": tenant or "", "project": project, "amount": str(amount)}
+        return await self._call("POST", "/accounts/transfer", body=body)
+
+    async def transactions(self, **filters: Any) -> dict[str, Any]:
+        """Journal rows, newest first: filters tenant, project, allocation, kind, user,
+        since, until (ISO 8601), limit, before_id; ``next_before_id`` pages on."""
+        return await self._call("GET", "/accounts/transactions", params=filters)
+
+    async def costs(
+        self,
+        by: str = "project",
+        *,
+        tenant: str | None = None,
+        project: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+    ) -> dict[str, Any]:
+        """Charges less refunds grouped ``by`` project, user, vcluster, day or tenant."""
+        params = {"by": by, "tenant": tenant, "project": project, "since": since, "until": until}
+        return await self._call("GET", "/accounts/costs", params=params)
+
+    async def allocation_costs(self, ids: list[str]) -> dict[str, Any]:
+        """``{"enabled": bool, "costs": {id: {cost, held, state}}}`` for the allocations
+        the caller may see (``lattice history``'s cost column)."""
+        return await self._call("GET", "/accounts/allocations", params={"ids": ",".join(ids)})
+
+    async def set_price(self, vcluster: str, rate: Any, **fields: Any) -> dict[str, Any]:
+        """A new price (system admins): ``resource`` node_hour (default), gpu_hour (with
+        ``gpu_type``) or allocation; ``multiplier``, ``fixed_cost``, ``tenant``,
+        ``valid_from``/``valid_until`` (ISO 8601)."""
+        body = {"vcluster": vcluster, "rate": str(rate), **{k: str(v) for k, v in fields.items()}}
+        return await self._call("POST", "/admin/prices", body=body)
+
+    async def list_prices(self, vcluster: str | None = None) -> list[dict[str, Any]]:
+        r = await self._call("GET", "/admin/prices", params={"vcluster": vcluster})
+        return list(r.get("prices", []))
+
+    async def accounting_status(self) -> dict[str, Any]:
+        return await self._call("GET", "/admin/accounting/status")
+
+    async def accounting_reconcile(self, since: str, until: str) -> dict[str, Any]:
+        body = {"since": since, "until": until}
+        return await self._call("POST", "/admin/accounting/reconcile", body=body)
 
 
 def _decode_line(line: bytes) -> Any:

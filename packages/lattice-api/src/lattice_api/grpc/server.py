@@ -21,6 +21,7 @@ from grpclib.server import Server
 from lattice_common.errors import LatticeError, RateLimited, Unauthenticated
 
 from lattice_api.auth import Authenticator
+from lattice_api.grpc.accounting_service import AccountingService
 from lattice_api.grpc.admin_service import AdminService
 from lattice_api.grpc.allocation_service import AllocationService
 from lattice_api.grpc.context import grpc_error, set_identity, who
@@ -136,7 +137,7 @@ def fill_unimplemented(adapter: type, base: type) -> None:
         setattr(adapter, attr, _not_built(service, attr))
 
 
-ADAPTERS = (AllocationService, NodeService, AdminService, QuorumService)
+ADAPTERS = (AllocationService, NodeService, AdminService, QuorumService, AccountingService)
 for _adapter in ADAPTERS:
     fill_unimplemented(_adapter, _adapter.__bases__[0])
 
@@ -155,6 +156,7 @@ def build_grpc_server(ops: Operations, auth: Authenticator) -> Server:
         NodeService(ops.nodes, ops.cache, ops.pki),
         AdminService(ops.admin, ops.usage, ops.queue, ops.services, ops.audit, ops.pki, ops.backup),
         QuorumService(ops.quorum),
+        AccountingService(ops.accounting),
     ]
     server = Server(services)
     auth.on_failure = ops.recorder.auth_failed  # failed authentications: the audit log

@@ -28,6 +28,7 @@ from lattice_scheduler import admission
 from lattice_api import access
 from lattice_api.audit import AuditRecorder
 from lattice_api.auth import Identity
+from lattice_api.ops.accounting import AccountingOps
 from lattice_api.ops.base import raise_if_error, visible_allocation
 from lattice_api.ops.queue import QueueOps
 from lattice_api.validation import validate_submission
@@ -98,6 +99,9 @@ class AllocationOps:
         self.queue = queue
         self.uenv = uenv
         self.audit = audit  # sensitive submissions are recorded (lattice_api.audit)
+        # the reservation gate (lattice_api.ops.accounting): a no-op unless accounting
+        # is enabled, when Operations gives it the accounting client
+        self.gate = AccountingOps(quorum)
 
     # --- submit ---------------------------------------------------------------------
 
@@ -151,11 +155,12 @@ class AllocationOps:
 
     async def submit(self, who: Identity, body: dict[str, Any]) -> Allocation:
         spec, sha = await self.resolve_uenv(self.validate(who, body))
-        res = raise_if_error(
-            await self.quorum.propose(
-                c.SubmitAllocation(spec=spec, uenv_sha256=sha, now=time.time())
+        async with self.gate.hold([spec]) as held:  # accounting: reserved before proposing
+            res = raise_if_error(
+                await self.quorum.propose(
+                    c.SubmitAllocation(spec=held.specs[0], uenv_sha256=sha, now=time.time())
+                )
             )
-        )
         assert res.allocation is not None
         if self.audit is not None:
             self.audit.record_submission(who.user, [res.allocation])
@@ -185,16 +190,18 @@ class AllocationOps:
             start, end, step, conc = parse_task_group(str(tg))
         spec = self.validate(who, {k: v for k, v in body.items() if k != "task_group"})
         spec, sha = await self.resolve_uenv(spec)
-        cmd = c.SubmitTaskGroup(
-            spec=spec,
-            start=start,
-            end=end,
-            step=step,
-            concurrency=conc,
-            uenv_sha256=sha,
-            now=time.time(),
-        )
-        res = raise_if_error(await self.quorum.propose(cmd))
+        count = len(range(start, end + 1, step or 1))
+        async with self.gate.hold([spec], counts=[max(count, 1)]) as held:
+            cmd = c.SubmitTaskGroup(
+                spec=held.specs[0],
+                start=start,
+                end=end,
+                step=step,
+                concurrency=conc,
+                uenv_sha256=sha,
+                now=time.time(),
+            )
+            res = raise_if_error(await self.quorum.propose(cmd))
         if self.audit is not None:
             self.audit.record_submission(who.user, res.allocations or [])
         return res

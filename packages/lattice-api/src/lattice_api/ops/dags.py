@@ -210,22 +210,29 @@ class DagOps:
         shas: dict[str, str] = {}
         for ref, spec in specs.items():  # the registry's image for each member's uenv
             specs[ref], shas[ref] = await self.allocations.resolve_uenv(spec)
-        cmd = c.SubmitDag(
-            name=dag.name,
-            members=[
-                c.DagMemberSubmission(
-                    ref=m.id,
-                    spec=specs[m.id],
-                    task_group=_range_text(m.spec.get("task_group")),
-                    uenv_sha256=shas[m.id],
-                )
-                for m in dag.members
-            ],
-            request_id=request_id,
-            max_size=self.max_size,
-            now=time.time(),
+        refs = [m.id for m in dag.members]
+        counts = [_task_count(_range_text(m.spec.get("task_group"))) for m in dag.members]
+        gate = self.allocations.gate.hold(  # accounting: the whole DAG reserved first
+            [specs[r] for r in refs], request_id=request_id, counts=counts, set_request_id=False
         )
-        res = raise_if_error(await self.quorum.propose(cmd))
+        async with gate as held:
+            specs.update(zip(refs, held.specs, strict=True))
+            cmd = c.SubmitDag(
+                name=dag.name,
+                members=[
+                    c.DagMemberSubmission(
+                        ref=m.id,
+                        spec=specs[m.id],
+                        task_group=_range_text(m.spec.get("task_group")),
+                        uenv_sha256=shas[m.id],
+                    )
+                    for m in dag.members
+                ],
+                request_id=request_id or (held.request_id if held.key else ""),
+                max_size=self.max_size,
+                now=time.time(),
+            )
+            res = raise_if_error(await self.quorum.propose(cmd))
         assert res.dag is not None
         created = list(res.allocations or [])
         states = {a.dag_ref: (a.state, a.held) for a in created}
@@ -296,6 +303,16 @@ __all__ = [
     "member_state",
     "parse_dag_states",
 ]
+
+
+def _task_count(text: str) -> int:
+    """How many allocations a member's task-group text makes (1 for none)."""
+    if not text:
+        return 1
+    from lattice_common.taskgroup import parse_task_group
+
+    start, end, step, _ = parse_task_group(text)
+    return max(len(range(start, end + 1, step or 1)), 1)
 
 
 def _range_text(tg: Any) -> str:

@@ -1,5 +1,6 @@
-"""QuorumService operations (internal): schedulers and the checkpoint broker propose
-encoded commands and watch the state stream (a snapshot, then one delta per entry).
+"""QuorumService operations (internal): schedulers, the checkpoint broker and the
+accounting service propose encoded commands and watch the state stream (a snapshot,
+then one delta per entry).
 
 What may be proposed here is what those services decide (:data:`SERVICE_COMMANDS`):
 everything else has its own RPC with its own checks (submissions, node actions,
@@ -23,7 +24,11 @@ SERVICE_COMMANDS: tuple[type[c.Command], ...] = (
     c.PreemptAllocation,
     c.SetPendingReasons,
     c.ScaleAllocation,
+    c.SetScalingStatus,
     c.RequeueAllocation,
+    # lattice-accounting cancels an allocation whose project ran out of funds (reason
+    # funds_exhausted), after its grace period
+    c.CancelAllocation,
 )
 
 

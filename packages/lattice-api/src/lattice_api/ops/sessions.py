@@ -71,9 +71,12 @@ class SessionOps:
             merged["walltime"] = DEFAULT_WALLTIME
         merged.setdefault("name", "session")
         spec, sha = await self.allocations.resolve_uenv(self.allocations.validate(who, merged))
-        res = raise_if_error(
-            await self.quorum.propose(c.CreateSession(spec=spec, uenv_sha256=sha, now=time.time()))
-        )
+        async with self.allocations.gate.hold([spec]) as held:  # accounting: reserved first
+            res = raise_if_error(
+                await self.quorum.propose(
+                    c.CreateSession(spec=held.specs[0], uenv_sha256=sha, now=time.time())
+                )
+            )
         assert res.session is not None
         if self.allocations.audit is not None and res.allocation is not None:
             self.allocations.audit.record_submission(who.user, [res.allocation])

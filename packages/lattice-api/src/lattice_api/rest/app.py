@@ -9,6 +9,7 @@ from lattice_api import http
 from lattice_api.auth import Authenticator
 from lattice_api.operations import Operations
 from lattice_api.rest import (
+    accounting,
     admin,
     allocations,
     attach,
@@ -26,6 +27,7 @@ from lattice_api.rest import (
     queue,
     services,
     sessions,
+    suspend,
     telemetry,
     usage,
 )
@@ -59,6 +61,8 @@ def build_rest_app(ops: Operations, auth: Authenticator) -> web.Application:
         audit,
         pki,
         backup,
+        accounting,  # /api/v1/accounts/..., /api/v1/admin/prices, /admin/accounting/...
+        suspend,  # POST /api/v1/allocations/{id}/suspend|resume
     ):
         routes.add_routes(app.router, ops)
     return app

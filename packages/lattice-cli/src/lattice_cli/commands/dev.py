@@ -57,6 +57,13 @@ def up(
         "internal CA, bootstrap certificates), OIDC against a local identity provider, "
         "encrypted Raft. Log in with `lattice login --device`.",
     ),
+    accounting: bool = typer.Option(
+        False,
+        "--accounting",
+        help="Turn accounting on (also LATTICE_ACCOUNTING__ENABLED=true): start "
+        "lattice-accounting with a SQLite ledger under the data dir, and gate "
+        "submissions by the funds of their project.",
+    ),
 ) -> None:
     """Start quorum member(s), a scheduler for the default vCluster and N agents; Ctrl-C stops them."""
     from lattice_cli.devcluster import ClusterError, LocalCluster
@@ -78,6 +85,8 @@ def up(
         preferred_ports=True,
         secure=secure,
         env=None if configured else logstore,
+        accounting=accounting
+        or os.environ.get("LATTICE_ACCOUNTING__ENABLED", "").lower() in ("1", "true", "yes"),
     )
     stop = {"now": False}
 
@@ -103,6 +112,12 @@ def up(
         typer.echo(f"  member {m.id}: REST {m.rest_url}  gRPC {m.grpc_address}")
     typer.echo(f"  tenant: {cluster.tenant}   vCluster(s): {', '.join(cluster.vclusters)}")
     typer.echo(f"  logs: {cluster.base / 'logs'}")
+    if cluster.accounting:
+        typer.echo(
+            f"  accounting: lattice-accounting on {cluster.accounting_url} (ledger under "
+            f"{cluster.base / 'accounting'}); `lattice account topup --tenant "
+            f"{cluster.tenant} 100` to fund work"
+        )
     if cluster.secure is not None:
         typer.echo(f"  identity provider: {cluster.secure.issuer} (logins as alice)")
         typer.echo(f"  site CA: {cluster.secure.ca_cert}")

@@ -1,5 +1,6 @@
 """``lattice history``: ended allocations (Completed, Failed, Cancelled) with elapsed
-time, exit code and nodes, like sacct; ``-o json|yaml`` prints the records."""
+time, exit code and nodes, like sacct, and with accounting on what each cost;
+``-o json|yaml`` prints the records (``cost``: decimal text, with accounting)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,10 @@ def history(
     allocs.sort(key=lambda a: a.get("finished_at") or a.get("submitted_at") or 0)
     if limit:
         allocs = allocs[-limit:]
+    costs = _costs(st, [a["id"] for a in allocs]) if allocs else None
+    if costs is not None:  # accounting on: each allocation's cost
+        for a in allocs:
+            a["cost"] = (costs.get(a["id"]) or {}).get("cost")
     if st.quiet and fmt in ("table", "wide"):
         for a in allocs:
             print(a.get("id"))
@@ -72,5 +77,45 @@ def history(
         st,
         fmt,
         allocs,
-        lambda: slurm_cli.sacct_text(allocs, now, slurm_cli.HISTORY_FORMAT),
+        lambda: with_costs(
+            slurm_cli.sacct_text(allocs, now, slurm_cli.HISTORY_FORMAT), allocs, costs
+        ),
     )
+
+
+def _costs(st: Any, ids: list[str]) -> dict[str, Any] | None:
+    """Each allocation's cost when accounting is on; None when it is off or not
+    reachable (the history shows without the column)."""
+    import asyncio
+
+    from lattice_cli.context import make_client
+
+    async def go() -> Any:
+        async with make_client(st) as client:
+            return await client.allocation_costs(ids)
+
+    try:
+        data = asyncio.run(go())
+    except Exception:  # accounting off, an old server, unreachable: no cost column
+        return None
+    if not isinstance(data, dict) or not data.get("enabled"):
+        return None
+    return data.get("costs") or {}
+
+
+def with_costs(text: str, allocs: list[dict[str, Any]], costs: dict[str, Any] | None) -> str:
+    """The sacct table with a Cost column (charged so far, to the cent)."""
+    if costs is None or not text:
+        return text
+    from decimal import Decimal, InvalidOperation
+
+    def cell(a: dict[str, Any]) -> str:
+        try:
+            return f"{Decimal(str(a.get('cost'))).quantize(Decimal('0.01')):.2f}"
+        except (InvalidOperation, ValueError):
+            return "-"
+
+    lines = text.split("\n")
+    width = max(len(x) for x in lines)
+    cells = ["Cost", "-" * 10, *(cell(a) for a in allocs)]
+    return "\n".join(f"{x.ljust(width)} {c:>10}" for x, c in zip(lines, cells, strict=False))
