@@ -26,6 +26,7 @@ EXPECTED = {
     "prologue.py": {"bare_ms", "uenv_added_ms", "oci_added_ms", "agent_cpu_64"},
     "auth_overhead.py": {"secure_submits_per_s", "dev_submits_per_s", "ratio", "secure_p99_ms"},
     "accounting.py": {"reservations_per_s", "overspent", "charge_pass_s"},
+    "backup.py": {"pause_ms", "stall_ms", "verify_ms", "file_mb"},
     "scale.py": {
         "nodes",
         "pending",
