@@ -70,6 +70,25 @@ def test_desired_for(state: GlobalState) -> None:
     assert allocs[0] is not state.allocations[aid]
 
 
+def test_desired_generation_is_desired_fors_revision(state: GlobalState) -> None:
+    def same() -> None:
+        for node_id in ("n1", "n2", "nx"):
+            gen = queries.desired_generation(state, node_id)
+            assert gen == queries.desired_for(state, node_id)[0], node_id
+
+    same()
+    aid = queries.allocations_matching(state)[0].id
+    ok(state, c.AssignNodes(allocation_id=aid, node_ids=["n1"], now=20.0))
+    same()
+    ok(
+        state,
+        c.UpdateAllocationState(
+            allocation_id=aid, state=AllocationState.COMPLETED, finished_at=30.0, now=30.0
+        ),
+    )
+    same()
+
+
 def test_tenants_and_vclusters(state: GlobalState) -> None:
     assert [t.name for t in queries.tenants(state)] == ["t", "u"]
     assert [v.name for v in queries.vclusters(state)] == ["v"]

@@ -171,6 +171,17 @@ def desired_for(s: GlobalState, node_id: str) -> tuple[int, list[Allocation]]:
     return max(n.revision, a.revision), [_copy(a)]
 
 
+def desired_generation(s: GlobalState, node_id: str) -> int:
+    """``desired_for(s, node_id)[0]`` without copying the allocation."""
+    n = s.nodes.get(node_id)
+    if n is None or not n.owner:
+        return n.revision if n else s.revision
+    a = s.allocations.get(n.owner)
+    if a is None or a.state not in HOLDING_STATES:
+        return n.revision
+    return max(n.revision, a.revision)
+
+
 # --- tenants and vClusters -------------------------------------------------------------
 
 

@@ -13,13 +13,13 @@ from lattice_common import audit
 from lattice_common import commands as c
 from lattice_common.errors import NotFound, ValidationError
 from lattice_common.types import Allocation, AllocationReport, Node, NodeCapabilities, NodeState
-from lattice_common.watch import decode_delta
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
 
 from lattice_api import access
 from lattice_api.audit import AuditRecorder
 from lattice_api.auth import Identity
+from lattice_api.desired_fanout import DesiredFanout
 from lattice_api.node_monitor import NodeMonitor
 from lattice_api.ops.base import raise_if_error
 from lattice_api.ops.pki import require_node_identity
@@ -53,6 +53,8 @@ class NodeOps:
         self.agent_identities: dict[str, str] = {}
         # node id -> the telemetry collectors its agent reported at its last heartbeat
         self.telemetry_sources: dict[str, str] = {}
+        # the agents' desired-state streams share one quorum subscription
+        self.fanout = DesiredFanout(quorum)
 
     # --- reads ----------------------------------------------------------------------
 
@@ -188,32 +190,19 @@ class NodeOps:
         """The allocations a node should be running now, and the revision they reflect."""
         return self.quorum.read(queries.desired_for, node_id)
 
+    def desired_generation(self, node_id: str) -> int:
+        """The revision of the node's desired set (what a heartbeat answers), no copy."""
+        return self.quorum.read(queries.desired_generation, node_id)
+
     async def desired_state(
         self, who: Identity, node_id: str
     ) -> AsyncIterator[tuple[int, list[Allocation]]]:
         """Level-triggered dispatch: the node's desired set now and after every change
         that touches the node."""
         self.bind_agent(who, node_id)
-        q = self.quorum.subscribe()
-        try:
-            last: tuple[int, tuple[str, ...]] | None = None
-            while True:
-                raw = await q.get()
-                if raw is not None:
-                    d = decode_delta(raw)
-                    if (
-                        not d.snapshot
-                        and not any(n.id == node_id for n in d.nodes)
-                        and not any(node_id in a.assigned_nodes for a in d.allocations)
-                    ):
-                        continue
-                gen, allocs = self.desired_for(node_id)
-                key = (gen, tuple(a.id + a.state for a in allocs))
-                if key != last:
-                    last = key
-                    yield gen, allocs
-        finally:
-            self.quorum.unsubscribe(q)
+        # one quorum subscription serves every node's stream (desired_fanout)
+        async for gen, allocs in self.fanout.watch(node_id, self.desired_for):
+            yield gen, allocs
 
 
 __all__ = ["NodeOps"]
