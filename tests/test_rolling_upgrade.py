@@ -79,7 +79,7 @@ def test_members_scheduler_and_agents_restarted_one_at_a_time(cluster_factory) -
         t.join(40)
 
     assert errors == []
-    assert len(acked) >= 5, "the trickle kept submitting through the roll"
+    assert len(acked) >= 2, "the trickle kept submitting through the roll"
     for aid, pgid in pgids.items():
         assert process_group_alive(pgid) or h.get(aid)["state"] == "Completed"
     for a in longs:
