@@ -282,7 +282,12 @@ class Agent:
         self.attempts: dict[str, int] = {}
         self._checkpointing: set[str] = set()
         self.generation = 0
-        self.sequence = 0
+        # heartbeat sequence: +1 per heartbeat, starting from the wall clock in ms, so that
+        # a restarted agent continues above its previous process. A registration resets
+        # the sequence only on the member that served it; the leader refuses anything at
+        # or below the last sequence it accepted ("replayed") when the agent registered
+        # again through a follower.
+        self.sequence = time.time_ns() // 1_000_000
         self._beat_now = asyncio.Event()
         self._stopping: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()

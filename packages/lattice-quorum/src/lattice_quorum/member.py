@@ -116,6 +116,7 @@ class QuorumMember:
         self.data_dir = Path(data_dir)
         self.commit_timeout = commit_timeout
         self._check_bootstrap(bootstrap)
+        self._check_dump()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watchers: set[asyncio.Queue[bytes | None]] = set()
         self._pending: list[tuple[c.Command, asyncio.Future[c.CommandResult], float]] = []
@@ -182,6 +183,30 @@ class QuorumMember:
         tmp.write_text(json.dumps({"member_id": self.node_id, "created_at": time.time()}))
         os.replace(tmp, marker)
 
+    def _check_dump(self) -> None:
+        """Refuse to start on a snapshot that cannot be read. pysyncobj only logs "failed
+        to load full dump" and goes on with an empty state and the journal written after
+        that snapshot: such a member would answer with nothing before the snapshot and,
+        its log being current, could even be elected leader of that empty state."""
+        dump = self.data_dir / "raft.dump"
+        if not dump.exists():
+            return
+        import gzip
+
+        from pysyncobj import pickle as syncobj_pickle
+
+        try:
+            with open(dump, "rb") as f, gzip.GzipFile(fileobj=f) as g:
+                syncobj_pickle.load(g)
+        except Exception as e:
+            raise ValidationError(
+                f"member {self.node_id}: the Raft snapshot {dump} cannot be read "
+                f"({type(e).__name__}: {str(e)[:120]})",
+                hint=f"Move {self.data_dir} aside and start the member again: it rejoins "
+                "empty and catches up from its peers (member 1 with --bootstrap only when "
+                "the whole quorum is lost; then restore a backup with --recover-from).",
+            ) from e
+
     # --- asyncio side ---------------------------------------------------------------
 
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -200,7 +225,15 @@ class QuorumMember:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
-        return await asyncio.wait_for(fut, self.commit_timeout + 1.0)
+        try:
+            return await asyncio.wait_for(fut, self.commit_timeout + 1.0)
+        except TimeoutError:
+            # pysyncobj never called back (e.g. the leader died mid-commit): the same
+            # Unavailable as its own timeout, not an unhandled error (HTTP 500)
+            raise Unavailable(
+                f"Raft commit not confirmed within {self.commit_timeout + 1.0:.1f}s",
+                hint="Retry with the same request id; a majority of quorum members must be up.",
+            ) from None
 
     async def propose_many(self, cmds: list[c.Command]) -> list[c.CommandResult]:
         return list(await asyncio.gather(*(self.propose(cmd) for cmd in cmds)))
