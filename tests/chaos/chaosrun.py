@@ -25,7 +25,7 @@ from typing import Any
 
 from chaoscluster import start_chaos_cluster
 from checker import FinalAlloc, History, Report, check
-from faults import ALL_FAULTS, Fault, FaultRecord, Firewall, parse_faults
+from faults import ALL_FAULTS, Fault, FaultRecord, Firewall, Partition, parse_faults
 from lattice_cli.devcluster import Member
 from lattice_test_harness.cluster import ClusterHandle
 from loaddriver import LoadDriver, http, read_runs
@@ -249,7 +249,7 @@ def run_chaos(
             log(f"chaos: skipping {name}: {why}")
         else:
             instances[name] = f
-    if "partition" in instances:
+    if any(isinstance(f, Partition) for f in instances.values()):
         firewall.setup()
     records: list[FaultRecord] = []
     problems: list[str] = []
