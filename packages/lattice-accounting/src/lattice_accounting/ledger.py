@@ -1406,9 +1406,11 @@ def _check_allocation_id(allocation_id: str) -> None:
 def _unknown_account(name: str) -> NotFound:
     kind = acc.kind_of(name)
     hint = (
-        "Open the tenant's account first (Ledger.open_tenant)."
+        "The tenant has no account yet: a top-up opens it "
+        "(lattice account topup --tenant TENANT AMOUNT)."
         if kind == "tenant"
-        else "Open the project's accounts first (Ledger.open_project)."
+        else "The project has no account yet: a transfer opens it "
+        "(lattice account transfer --tenant TENANT --project PROJECT AMOUNT)."
     )
     return NotFound(f"no account {name}", details={"Account": name}, hint=hint)
 
