@@ -10,51 +10,35 @@ queue with its original submit time. Exit 1 if any allocation could not be chang
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from lattice_cli.context import OutputOpt, print_api_error, run_api, state_of
+from lattice_cli.context import OutputOpt
+from lattice_cli.each import act_on_each
 
 
 def register(app: typer.Typer) -> None:
     app.command()(suspend)
 
 
+def _said(verb: str, aid: str) -> str:
+    if verb == "suspend":
+        return (
+            f"Suspending allocation {aid}: checkpointing "
+            f"(`lattice watch {aid}` shows when it is Suspended)"
+        )
+    return f"Resumed allocation {aid}: Pending, it restarts from its checkpoint"
+
+
 def _each(ctx: typer.Context, alloc_ids: list[str], output: str | None, verb: str) -> None:
-    from lattice_sdk import LatticeError
-
-    st = state_of(ctx)
-    fmt = st.output(output)
-
-    async def go(client: Any) -> int:
-        failed = 0
-        for alloc_id in alloc_ids:
-            try:
-                alloc = await getattr(client, verb)(alloc_id)
-            except LatticeError as exc:
-                if exc.status_code is None:  # unreachable: no point trying the others
-                    raise
-                failed += 1
-                print_api_error(st, exc)
-                continue
-            if fmt == "json":
-                from lattice_cli import output as out
-
-                print(out.to_json(alloc.raw, compact=True))
-            elif not st.quiet:
-                aid = alloc.id or alloc_id
-                if verb == "suspend":
-                    print(
-                        f"Suspending allocation {aid}: checkpointing "
-                        f"(`lattice watch {aid}` shows when it is Suspended)"
-                    )
-                else:
-                    print(f"Resumed allocation {aid}: Pending, it restarts from its checkpoint")
-        return failed
-
-    if run_api(st, go):
-        raise typer.Exit(1)
+    act_on_each(
+        ctx,
+        alloc_ids,
+        output,
+        lambda client, aid: getattr(client, verb)(aid),
+        lambda aid: _said(verb, aid),
+    )
 
 
 def suspend(
