@@ -406,13 +406,8 @@ class CorruptSnapshot(Fault):
 
 
 class PartitionFollower(Partition):
-    """A follower cut off from its peers (never the leader). Cutting off the leader
-    (``partition``) can lose acknowledged submissions today: a leader partitioned and
-    healed before its commit timeout acknowledges submissions with the ids of others
-    the majority committed meanwhile (tests/chaos/README.md, known defects; reproduced by
-    test_chaos_regressions.py). The bounded run of the default suite uses this fault
-    until that is fixed; the long run and ``LATTICE_CHAOS_FAULTS=partition`` keep the
-    leader case."""
+    """A follower cut off from its peers (never the leader): the member that must
+    catch up afterwards, from the log or a snapshot."""
 
     name = "partition-follower"
 
@@ -438,7 +433,7 @@ ALL_FAULTS: dict[str, type[Fault]] = {
 
 
 #: faults with an open defect behind them, left out of the default (bounded) selection
-KNOWN_DEFECTS = ("partition",)
+KNOWN_DEFECTS: tuple[str, ...] = ()
 
 
 def parse_faults(text: str | None, *, default: tuple[str, ...] | None = None) -> list[str]:

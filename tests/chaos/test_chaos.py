@@ -24,8 +24,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1200)]
 def test_bounded_chaos_run_loses_no_acknowledged_submission(tmp_path):
     seed = int(os.environ.get("LATTICE_CHAOS_SEED") or random.SystemRandom().randrange(1 << 31))
     duration = float(os.environ.get("LATTICE_CHAOS_DURATION") or 150)
-    # every fault but those with an open defect behind them (faults.KNOWN_DEFECTS): the
-    # leader partition loses acknowledged submissions today (test_chaos_regressions.py)
+    # every fault but those with an open defect behind them (faults.KNOWN_DEFECTS)
     bounded = tuple(f for f in ALL_FAULTS if f not in KNOWN_DEFECTS)
     faults = parse_faults(os.environ.get("LATTICE_CHAOS_FAULTS"), default=bounded)
     result = run_chaos(

@@ -24,9 +24,10 @@ from typing import Any, TypeVar
 from lattice_common import commands as c
 from lattice_common.errors import LatticeError, NotLeader, Unavailable, ValidationError
 from prometheus_client import Gauge, Histogram
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
 
 from lattice_quorum.quorum import encode_changes, encode_snapshot
+from lattice_quorum.raft import SafeSyncObj
 from lattice_quorum.state import Changes, GlobalState, apply
 
 T = TypeVar("T")
@@ -142,7 +143,7 @@ class QuorumMember:
             password=raft_password,
         )
         self.encrypted = raft_password is not None
-        self.syncobj = SyncObj(bind, list(self.peers.values()), conf=conf, consumers=[self.sm])
+        self.syncobj = SafeSyncObj(bind, list(self.peers.values()), conf=conf, consumers=[self.sm])
         # pysyncobj reads the password once, in SyncObj.__init__, to derive its Fernet
         # key; drop the clear text so it does not linger on the conf object.
         conf.password = None

@@ -1,0 +1,125 @@
+"""A follower applies only entries it verified against the leader's log.
+
+Real pysyncobj members driven tick by tick (no auto-tick thread), so the message that
+used to make a deposed leader apply its own uncommitted entries is delivered exactly.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from lattice_quorum.raft import SafeSyncObj
+from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
+
+
+class Counter(SyncObjConsumer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.value = 0
+
+    @replicated
+    def add(self, n: int) -> int:
+        self.value += n
+        return self.value
+
+
+def _addr() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def _conf() -> SyncObjConf:
+    return SyncObjConf(
+        autoTick=False,
+        dynamicMembershipChange=True,
+        appendEntriesPeriod=0.01,
+        raftMinTimeout=0.05,
+        raftMaxTimeout=0.1,
+    )
+
+
+def _command_bytes(n: int) -> bytes:
+    """The raw Raft entry of ``Counter.add(n)``, made by a one-member leader."""
+    counter = Counter()
+    leader = SyncObj(_addr(), [], conf=_conf(), consumers=[counter])
+    try:
+        deadline = time.monotonic() + 10
+        while not leader._isLeader() and time.monotonic() < deadline:
+            leader.doTick(0.01)
+        counter.add(n)
+        while counter.value != n and time.monotonic() < deadline:
+            leader.doTick(0.01)
+        assert counter.value == n
+        return leader._SyncObj__raftLog[-1][0]
+    finally:
+        leader.destroy()
+
+
+def _deposed_leader(cls: type[SyncObj], uncommitted: list[bytes]) -> tuple[SyncObj, Counter]:
+    """A member whose log ends with entries it appended alone (at term 1) and never
+    committed: what a leader has after a partition cut it off from the majority."""
+    counter = Counter()
+    member = cls(_addr(), [_addr(), _addr()], conf=_conf(), consumers=[counter])
+    log = member._SyncObj__raftLog
+    first = log[-1][1]
+    for i, raw in enumerate(uncommitted, start=first + 1):
+        log.add(raw, i, 1)
+    return member, counter
+
+
+def _snapshot_message(commit_index: int) -> dict:
+    # what the new leader (term 2) sends while it transfers a snapshot to a member
+    # whose missing entries it already compacted away
+    return {"type": "append_entries", "term": 2, "commit_index": commit_index, "serialized": None}
+
+
+def _deliver(member: SyncObj, message: dict) -> None:
+    node = next(iter(member._SyncObj__otherNodes))
+    member._SyncObj__onMessageReceived(node, message)
+    for _ in range(20):
+        member.doTick(0.0)
+
+
+def test_a_snapshot_transfer_does_not_commit_the_followers_own_entries():
+    raw = _command_bytes(5)
+    member, counter = _deposed_leader(SafeSyncObj, [raw, raw, raw])
+    try:
+        before = member._SyncObj__raftCommitIndex
+        _deliver(member, _snapshot_message(commit_index=100))
+        assert counter.value == 0, "entries no majority committed were applied"
+        assert member._SyncObj__raftCommitIndex == before
+    finally:
+        member.destroy()
+
+
+def test_plain_pysyncobj_applies_them_which_is_why_the_fix_exists():
+    """Pins the upstream behaviour the fix works around: should pysyncobj change, this
+    fails and the override can be reconsidered."""
+    raw = _command_bytes(5)
+    member, counter = _deposed_leader(SyncObj, [raw, raw, raw])
+    try:
+        _deliver(member, _snapshot_message(commit_index=100))
+        assert counter.value == 15
+    finally:
+        member.destroy()
+
+
+def test_verified_entries_still_commit_on_the_safe_member():
+    raw = _command_bytes(2)
+    member, counter = _deposed_leader(SafeSyncObj, [])
+    try:
+        last = member._SyncObj__raftLog[-1]
+        msg = {
+            "type": "append_entries",
+            "term": 2,
+            "commit_index": last[1] + 2,
+            "prevLogIdx": last[1],
+            "prevLogTerm": last[2],
+            "entries": [(raw, last[1] + 1, 2), (raw, last[1] + 2, 2)],
+        }
+        _deliver(member, msg)
+        assert counter.value == 4
+    finally:
+        member.destroy()
