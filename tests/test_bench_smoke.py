@@ -27,6 +27,12 @@ EXPECTED = {
     "auth_overhead.py": {"secure_submits_per_s", "dev_submits_per_s", "ratio", "secure_p99_ms"},
     "accounting.py": {"reservations_per_s", "overspent", "charge_pass_s"},
     "backup.py": {"pause_ms", "stall_ms", "verify_ms", "file_mb"},
+    "checkpoint.py": {"eval_10k_s", "hint_to_suspended_ms"},
+    "heartbeat_cost.py": {
+        "single_ms_per_heartbeat",
+        "batch_ms_per_heartbeat",
+        "reconnect_ms_per_stream_known",
+    },
     "scale.py": {
         "nodes",
         "pending",

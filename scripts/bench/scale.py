@@ -87,10 +87,23 @@ def _args() -> Any:
     p.add_argument("--processes", type=int, default=None, help="simulated-agent processes (4)")
     p.add_argument("--members", type=int, default=3, choices=(1, 3, 5))
     p.add_argument("--heartbeat-interval", type=float, default=10.0)
+    p.add_argument(
+        "--coalesce-window",
+        type=float,
+        default=0.1,
+        help="seconds of a sim process's heartbeats sent as one BatchHeartbeat (0: one "
+        "Heartbeat call each, as real agents)",
+    )
     p.add_argument("--window", type=float, default=None, help="seconds per CPU window (15)")
     p.add_argument("--dump-interval", type=float, default=None, help="seconds (60)")
     p.add_argument("--cycle-interval", type=float, default=5.0)
+    p.add_argument(
+        "--phases",
+        default="heartbeats,dump,failover",
+        help="what to measure once the state is built (comma-separated; default all)",
+    )
     a = p.parse_args()
+    a.phases = {x.strip() for x in a.phases.split(",") if x.strip()}
     q = a.quick
     a.nodes = a.nodes or (500 if q else 10_000)
     a.pending = a.pending if a.pending is not None else (2_000 if q else 100_000)
@@ -136,6 +149,11 @@ def cycle_stats(m: dict[str, float]) -> tuple[float, float, dict[float, float]]:
         if mm and mm.group(1) != "+Inf":
             buckets[float(mm.group(1))] = v
     return s, n, buckets
+
+
+def pct_of_core(used: dict[str, float | None], window: float) -> float:
+    """% of one core from the CPU seconds (0.01 s steps), finer than the rounded share."""
+    return 100.0 * (used["cpu_s"] or 0.0) / window
 
 
 def rss_mb(pid: int) -> float | None:
@@ -258,21 +276,25 @@ def heartbeat_windows(
     sched_cpu: list[float] = []
     machine: list[float] = []
     hb_rates: list[float] = []
+    batch_rates: list[float] = []  # BatchHeartbeat calls per second (coalesced)
     by_member: list[dict[str, float | None]] = []  # every member's CPU per active window
     cyc0 = cycle_stats(metrics(murl))
     for i in range(runs):
         if profile_dir is not None:
             os.kill(pid, signal.SIGUSR1)
-        hb0 = fleet.status().get("heartbeats", 0)
+        st0 = fleet.status()
+        hb0, batches0 = st0.get("heartbeats", 0), st0.get("heartbeat_batches", 0)
         members = {f"member-{mm.id}": mm.proc.pid for mm in cluster.members if mm.proc is not None}
         m = CpuMeter({"leader": pid, "scheduler": sched, **members}).start()
         time.sleep(args.window)
         res = m.stop()
         by_member.append({k: r(100.0 * (res[k]["cores"] or 0.0)) for k in members if k in res})
-        hb_rates.append((fleet.status().get("heartbeats", 0) - hb0) / args.window)
+        st1 = fleet.status()
+        hb_rates.append((st1.get("heartbeats", 0) - hb0) / args.window)
+        batch_rates.append((st1.get("heartbeat_batches", 0) - batches0) / args.window)
         if profile_dir is not None:
             os.kill(pid, signal.SIGUSR2)
-        active.append(100.0 * (res["leader"]["cores"] or 0.0))
+        active.append(pct_of_core(res["leader"], args.window))
         sched_cpu.append(100.0 * (res["scheduler"]["cores"] or 0.0))
         machine.append(res.get("machine", {}).get("busy_cores") or 0.0)
         fleet.pause()
@@ -281,7 +303,7 @@ def heartbeat_windows(
         time.sleep(args.window)
         res = m.stop()
         fleet.resume()
-        paused.append(100.0 * (res["leader"]["cores"] or 0.0))
+        paused.append(pct_of_core(res["leader"], args.window))
         log(
             f"run {i + 1}/{runs}: leader {active[-1]:.1f} % with heartbeats, "
             f"{paused[-1]:.1f} % paused; machine busy {machine[-1]:.2f} cores"
@@ -311,6 +333,7 @@ def heartbeat_windows(
         "leader_member": leader.id,
         "members_cpu_pct_runs": by_member,
         "heartbeats_per_s": r(median(hb_rates)),
+        "heartbeat_calls_per_s": r(median(batch_rates)) if any(batch_rates) else None,
         "cycle_s": r((cyc1[0] - cyc0[0]) / dn, 3) if dn > 0 else None,
         "cycles_measured": int(dn),
         "cycle_max_bucket_s": max(reached) if reached else None,
@@ -402,20 +425,37 @@ def failover(cluster: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
     os.kill(leader.proc.pid, signal.SIGKILL)
     tries = 0
+    # why the tries failed, by kind (e.g. "503 not_leader", "timeout"): what to fix
+    why: dict[str, int] = {}
     while time.perf_counter() - t0 < 120:
         for m in others:
             tries += 1
             try:
                 http("POST", m.rest_url + "/api/v1/allocations", body, timeout=3)
-            except (urllib.error.URLError, OSError, ValueError):
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                kind = _failure_kind(e)
+                if kind not in why:
+                    log(f"  {time.perf_counter() - t0:.2f}s member {m.id}: {kind}")
+                why[kind] = why.get(kind, 0) + 1
                 time.sleep(0.02)
                 continue
             took = time.perf_counter() - t0
             log(f"member {m.id} accepted a submission {took:.2f}s after the kill")
             leader.proc.wait(10)
             leader.proc = None
-            return {"failover_s": r(took, 3), "failover_tries": tries}
-    return {"failover_s": None, "failover_tries": tries}
+            return {"failover_s": r(took, 3), "failover_tries": tries, "failover_refusals": why}
+    return {"failover_s": None, "failover_tries": tries, "failover_refusals": why}
+
+
+def _failure_kind(e: BaseException) -> str:
+    if isinstance(e, urllib.error.HTTPError):
+        try:
+            code = json.loads(e.read() or b"{}").get("error", {}).get("code", "")
+        except (ValueError, OSError, AttributeError):
+            code = ""
+        return f"{e.code} {code}".strip()
+    reason = getattr(e, "reason", e)
+    return "timeout" if "timed out" in str(reason) else type(reason).__name__
 
 
 def profile_summary(profile_dir: Path, pid: int, top: int = 25) -> dict[str, Any]:
@@ -450,7 +490,11 @@ def main() -> None:
     if profile_dir is not None:
         profile_dir.mkdir(parents=True, exist_ok=True)
     cluster = make_cluster(base, args, profile_dir)
-    out: dict[str, Any] = {"nodes": args.nodes, "pending": args.pending}
+    out: dict[str, Any] = {
+        "nodes": args.nodes,
+        "pending": args.pending,
+        "coalesce_window_s": args.coalesce_window,
+    }
     fleet = None
     load0 = os.getloadavg()
     try:
@@ -464,6 +508,7 @@ def main() -> None:
             base / "sim",
             heartbeat_interval=args.heartbeat_interval,
             run_seconds=-1,  # the jobs run for the whole benchmark
+            coalesce_window=args.coalesce_window,
         ).start()
         t0 = time.perf_counter()
         fleet.wait_ready(timeout=1800)
@@ -503,7 +548,8 @@ def main() -> None:
         time.sleep(2 * args.heartbeat_interval)  # settle: a whole round of heartbeats
         leader = cluster.leader(LEADER_WAIT)
         out["leader_rss_mb"] = r(rss_mb(leader.proc.pid), 1)
-        out.update(heartbeat_windows(cluster, fleet, args, runs, profile_dir))
+        if "heartbeats" in args.phases:
+            out.update(heartbeat_windows(cluster, fleet, args, runs, profile_dir))
         states = node_states(cluster)
         out["node_states"] = states
         out["leader_rss_mb"] = r(rss_mb(leader.proc.pid), 1)
@@ -511,12 +557,14 @@ def main() -> None:
         if profile_dir is not None:
             out["profile"] = profile_summary(profile_dir, leader.proc.pid)
         log(
-            f"heartbeats: {out['heartbeat_cpu_pct']} % of a core; cycle {out['cycle_s']} s; "
-            f"leader RSS {out['leader_rss_mb']} MB; nodes {states}"
+            f"heartbeats: {out.get('heartbeat_cpu_pct')} % of a core; cycle "
+            f"{out.get('cycle_s')} s; leader RSS {out['leader_rss_mb']} MB; nodes {states}"
         )
-        out.update(asyncio.run(_dump_probe(cluster, args, min(runs, 2))))
-        log(f"dump {out['dump_s']} s, longest commit during it {out['max_commit_stall_ms']} ms")
-        out.update(failover(cluster))
+        if "dump" in args.phases:
+            out.update(asyncio.run(_dump_probe(cluster, args, min(runs, 2))))
+            log(f"dump {out['dump_s']} s, longest commit during it {out['max_commit_stall_ms']} ms")
+        if "failover" in args.phases:
+            out.update(failover(cluster))
         time.sleep(2 * args.heartbeat_interval)
         out["sim"] = fleet.status()
     except BaseException:

@@ -22,3 +22,11 @@ Feature: Autoscaling of reactive allocations
     And `lattice status` of "svc" says it scaled up because cpu_utilization was at or above 0.80
     When the load of "svc" falls to 0.05
     Then "svc" shrinks back to 2 nodes
+
+  Scenario: A service that checkpoints is asked to checkpoint before a node is released
+    Given a reactive job "ckpt" that checkpoints by signal, scaling from 2 to 3 nodes with a 4 s cooldown
+    When the load of "ckpt" rises to 0.9
+    Then "ckpt" grows to 3 nodes and no further
+    When the load of "ckpt" falls to 0.05
+    Then `lattice status` of "ckpt" says its newest node is released after its checkpoint
+    And "ckpt" shrinks back to 2 nodes once its checkpoint is recorded

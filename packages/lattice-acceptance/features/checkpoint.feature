@@ -6,7 +6,8 @@ Feature: Preemption through checkpoints, suspend and resume
   goes back to the queue with its original submit time and, when it runs again, resumes
   from that checkpoint (LATTICE_RESUME=1, LATTICE_CHECKPOINT_PATH). A job that does not
   answer is stopped (SIGTERM, grace, SIGKILL) and ends Failed, not Suspended. Its owner
-  can also suspend it (`lattice suspend`) and resume it (`lattice resume`). Every step
+  can also suspend it (`lattice suspend`) and resume it (`lattice resume`), or have it
+  checkpoint now and keep running (`lattice checkpoint`). Every step
   runs against a real local cluster and real test applications that count.
 
   Scenario: A counting job preempted by a class-8 job checkpoints, is Suspended and resumes from its counter
@@ -32,3 +33,10 @@ Feature: Preemption through checkpoints, suspend and resume
     Then "counter" becomes Suspended and stays Suspended
     When the owner runs "lattice resume" on "counter"
     Then "counter" runs again, resumes from its saved counter and ends Completed
+
+  Scenario: Its owner has a job checkpoint now, and it keeps running
+    Given a Lattice cluster with 1 node that keeps checkpoints
+    And a class-3 job "counter" submitted with "--checkpoint=signal" that counts to 100000
+    When the owner runs "lattice checkpoint" on "counter"
+    Then lattice status of "counter" names a checkpoint while it is still Running
+    And "counter" keeps counting past its saved counter

@@ -77,8 +77,12 @@ class World:
 
 @pytest.fixture(scope="module")
 def scaling_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
-    env = {"LATTICE_TELEMETRY__AGGREGATION_WINDOW_SECONDS": "600"}
-    h = make_cluster(tmp_path_factory.mktemp("bdd-autoscale"), agents=3, tsdb=True, env=env)
+    base = tmp_path_factory.mktemp("bdd-autoscale")
+    env = {
+        "LATTICE_TELEMETRY__AGGREGATION_WINDOW_SECONDS": "600",
+        "LATTICE_CHECKPOINT__CHECKPOINT_ROOT": str(base / "checkpoints"),
+    }
+    h = make_cluster(base, agents=3, tsdb=True, env=env)
     yield h
     h.cluster.stop()
 
@@ -147,6 +151,97 @@ def reactive_job(world: World, name: str, metric: str, low: int, high: int, cool
     assert r.returncode == 0, show(r)
     world.jobs[name] = r.stdout.strip()
     world.cluster.wait_state(world.jobs[name], "Running", timeout=TIMEOUT)
+
+
+# a service of the signal protocol: on SIGUSR1 it takes 3 s to write its state, then
+# creates the sentinel (the node it is losing is in $LATTICE_RELEASING_FILE meanwhile)
+SIGNAL_APP = r"""
+on_checkpoint() {
+  sleep 3
+  cp "$LATTICE_RELEASING_FILE" "$LATTICE_CHECKPOINT_DIR/releasing"
+  touch "$LATTICE_CHECKPOINT_SENTINEL"
+}
+trap on_checkpoint USR1
+while true; do sleep 0.2; done
+"""
+
+
+@given(
+    parsers.parse(
+        'a reactive job "{name}" that checkpoints by signal, scaling from {low:d} to '
+        "{high:d} nodes with a {cooldown:d} s cooldown"
+    )
+)
+def checkpointing_job(world: World, name: str, low: int, high: int, cooldown: int) -> None:
+    script = world.workdir / f"{name}.sh"
+    script.write_text(SIGNAL_APP)
+    r = world.cluster.cli(
+        "-q",
+        "submit",
+        "--lifecycle",
+        "reactive",
+        "--checkpoint",
+        "signal",
+        "--min-nodes",
+        str(low),
+        "--max-nodes",
+        str(high),
+        "--scale-metric",
+        "cpu_utilization",
+        "--scale-target",
+        "0.8",
+        "--scale-down-threshold",
+        "0.25",
+        "--scale-interval",
+        "1",
+        "--scale-up-window",
+        "2",
+        "--scale-down-window",
+        "2",
+        "--scale-cooldown",
+        str(cooldown),
+        "--name",
+        name,
+        str(script),
+        cwd=world.workdir,
+    )
+    assert r.returncode == 0, show(r)
+    world.jobs[name] = r.stdout.strip()
+    world.cluster.wait_state(world.jobs[name], "Running", timeout=TIMEOUT)
+
+
+@then(
+    parsers.parse(
+        '`lattice status` of "{name}" says its newest node is released after its checkpoint'
+    )
+)
+def status_says_releasing(world: World, name: str) -> None:
+    newest = world.cluster.get(world.jobs[name])["assigned_nodes"][-1]
+
+    def releasing() -> str | None:
+        out = world.cluster.cli("status", world.jobs[name]).stdout
+        line = next((ln for ln in out.splitlines() if ln.startswith("Releasing:")), "")
+        return line if "after its checkpoint" in line else None
+
+    line = wait(f"{name} releasing a node", releasing)
+    assert f" {newest} after its checkpoint, by " in line, line
+    world.releasing = newest  # type: ignore[attr-defined]
+
+
+@then(parsers.parse('"{name}" shrinks back to {count:d} nodes once its checkpoint is recorded'))
+def shrinks_after_checkpoint(world: World, name: str, count: int) -> None:
+    a = wait(
+        f"{name} back on {count} nodes",
+        lambda: (
+            (x := world.cluster.get(world.jobs[name])) and len(x["assigned_nodes"]) == count and x
+        ),
+    )
+    ck = a.get("last_checkpoint")
+    assert ck, a
+    gone = world.releasing  # type: ignore[attr-defined]
+    assert gone not in a["assigned_nodes"]
+    assert (Path(ck["path"]) / "releasing").read_text().split() == [gone]
+    assert a["scaling_status"]["reason"].endswith(f"checkpoint {ck['id']} written first")
 
 
 @then(parsers.parse('"{name}" runs on {count:d} nodes'))

@@ -137,7 +137,8 @@ def submit_of_class(world: World, name: str, cls: int) -> None:
 @when(parsers.parse('the owner runs "lattice {verb}" on "{name}"'))
 def owner_runs(world: World, verb: str, name: str) -> None:
     r = world.cli(verb, world.jobs[name].id)
-    assert ("Suspending" if verb == "suspend" else "Resumed") in r.stdout, show(world)
+    said = {"suspend": "Suspending", "resume": "Resumed", "checkpoint": "Checkpointing"}[verb]
+    assert said in r.stdout, show(world)
 
 
 # --------------------------------------------------------------------------- then
@@ -209,3 +210,29 @@ def stays_suspended(world: World, name: str) -> None:
     time.sleep(2.0)  # an owner's suspend is not requeued on its own
     assert world.cluster.get(aid)["state"] == "Suspended"
     assert world.status_field(aid, "State") == "Suspended"
+
+
+@then(parsers.parse('lattice status of "{name}" names a checkpoint while it is still Running'))
+def checkpointed_running(world: World, name: str) -> None:
+    aid = world.jobs[name].id
+    a = wait(
+        world,
+        f"{name} checkpointed",
+        lambda: (x := world.cluster.get(aid)).get("last_checkpoint") and x,
+    )
+    assert a["state"] == "Running", a
+    path = Path(a["last_checkpoint"]["path"])
+    assert path.parts[-2:] == ("checkpoints", "ckpt-1-hint-1"), path
+    world.saved[name] = int((path / "counter").read_text())
+    line = world.status_field(aid, "Last checkpoint")
+    assert line.startswith("ckpt-1-hint-1") and str(path) in line, show(world)
+    assert world.status_field(aid, "State") == "Running"
+
+
+@then(parsers.parse('"{name}" keeps counting past its saved counter'))
+def keeps_counting(world: World, name: str) -> None:
+    saved = world.saved[name]
+    wait(world, f"{name} past {saved}", lambda: f"count {saved + 20}" in logs(world, name))
+    out = logs(world, name)
+    assert f"checkpointed at {saved}" in out and out.count("started fresh") == 1, out[-10:]
+    world.cli("cancel", world.jobs[name].id)

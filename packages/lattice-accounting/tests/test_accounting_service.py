@@ -240,3 +240,37 @@ async def test_the_watchdog_releases_orphans_and_unstarted_reservations(service:
     b = await svc.ledger.balance("physics/default")
     assert b.available == Decimal(60) and b.reserved == 0
     assert await svc.ledger.verify() == []
+
+
+async def test_an_allocation_moved_to_the_history_store_is_settled_from_its_record(
+    service: Any, tmp_path: Path
+) -> None:
+    """It ended and left the quorum (retention) while the service did not see its end:
+    the history store's final record settles it at its exact runtime, not as charged."""
+    from lattice_common.history import HistoryStore, sqlite_url
+
+    svc, now = service
+    svc.history = await HistoryStore.open(sqlite_url(str(tmp_path / "history.db")))
+    got = await svc.reserve(
+        GateRequest.from_json({"request_id": "h", "tenant": "physics",
+                               "vcluster": "default", "nodes": 1, "walltime_seconds": 3600})
+    )  # fmt: skip
+    s = spec(nodes=1, walltime=3600, tags={RESERVATION_TAG: got["key"]})
+    running = alloc("h1", AllocationState.RUNNING, s, started_at=T0.timestamp())
+    await svc.apply(StateDelta(revision=1, snapshot=True, allocations=[running]))
+    now[0] = T0 + timedelta(minutes=10)
+    await svc.charge_pass()
+    assert (await svc.ledger.reservation("h1")).charged == Decimal("0.833333")
+    ended = alloc(
+        "h1", AllocationState.COMPLETED, s, started_at=T0.timestamp(),
+        finished_at=(T0 + timedelta(minutes=30)).timestamp(), exit_code=0,
+    )  # fmt: skip
+    await svc.history.append([ended], revision=5)
+    await svc.apply(StateDelta(revision=6, removed_allocations=["h1"]))
+    assert "h1" not in svc.mirror.allocations
+    now[0] = T0 + timedelta(hours=2)
+    await svc.charge_pass()
+    r = await svc.ledger.reservation("h1")
+    assert r.state == "finalized" and r.charged == Decimal("2.5")  # 30 min x 5.00/node-hour
+    assert await svc.ledger.verify() == []
+    await svc.history.close()

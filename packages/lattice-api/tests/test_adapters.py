@@ -89,7 +89,6 @@ async def test_empty_submit_is_refused_and_watch_all_is_unimplemented(served: An
 @pytest.mark.parametrize(
     ("service", "call", "request_type", "text"),
     [
-        ("alloc", "checkpoint", v1.CheckpointRequest, "AllocationService.checkpoint"),
         ("nodes", "get_node_health", v1.GetNodeRequest, "NodeService.get_node_health"),
         ("admin", "delete_tenant", v1.DeleteTenantRequest, "AdminService.delete_tenant"),
         ("quorum", "read", v1.ReadRequest, "QuorumService.read"),

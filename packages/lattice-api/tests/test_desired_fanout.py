@@ -13,7 +13,7 @@ import copy
 from typing import Any
 
 from lattice_common.proto.lattice import v1
-from lattice_common.types import AllocationSpec
+from lattice_common.types import AllocationSpec, AllocationState
 from lattice_quorum.state import GlobalState
 
 NODES = [f"fan-{i:02d}" for i in range(20)]
@@ -94,5 +94,49 @@ async def test_each_stream_gets_its_own_nodes_changes_from_one_subscription(
                 break
             await asyncio.sleep(0.05)
         assert len(local_api.quorum._watchers) == watchers_before
+    finally:
+        channel.close()
+
+
+async def test_a_reconnecting_agent_is_not_sent_the_set_it_already_has(local_api: Any) -> None:
+    """After a leader change every agent reconnects at once with the generation it
+    applied: a member sends nothing to those still current, and a change later as usual;
+    an agent whose set changed meanwhile gets it at once."""
+    local_api.add_tenant("t")
+    local_api.add_vcluster("batch")
+    for n in ("re-1", "re-2"):
+        local_api.add_node(n)
+    a = local_api.submit(_spec())
+    local_api.start(a.id, ["re-1"])
+    channel = local_api.channel()
+    try:
+        stub = v1.NodeServiceStub(channel)
+        it, first = await _open(stub, "re-1")
+        assert [x.id for x in first.allocations] == [a.id]
+        await it.aclose()
+        it2, first2 = await _open(stub, "re-2")
+        await it2.aclose()
+        # re-1 comes back with what it has: nothing to send until something changes
+        again = stub.watch_desired_state(
+            v1.WatchDesiredStateRequest(node_id="re-1", known_generation=first.generation)
+        ).__aiter__()
+        nxt = asyncio.ensure_future(again.__anext__())
+        await asyncio.sleep(0.5)
+        assert not nxt.done()
+        b = local_api.submit(_spec())
+        local_api.start(b.id, ["re-2"])  # another node's change: still nothing for re-1
+        await asyncio.sleep(0.3)
+        assert not nxt.done()
+        local_api.set_state(a.id, AllocationState.COMPLETED, exit_code=0)
+        got = await asyncio.wait_for(nxt, 10)
+        assert got.allocations == [] and got.generation > first.generation
+        await again.aclose()
+        # re-2 comes back with a stale generation: its new set at once
+        stale = stub.watch_desired_state(
+            v1.WatchDesiredStateRequest(node_id="re-2", known_generation=first2.generation)
+        ).__aiter__()
+        got = await asyncio.wait_for(stale.__anext__(), 10)
+        assert [x.id for x in got.allocations] == [b.id]
+        await stale.aclose()
     finally:
         channel.close()

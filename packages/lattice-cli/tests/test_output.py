@@ -260,3 +260,22 @@ def test_log_lines():
         "[2026-01-01"
     )
     assert iso_utc(None) == DASH
+
+
+def test_releasing_names_the_nodes_and_the_deadline() -> None:
+    from lattice_cli.output import clock_time, releasing_text
+
+    now = 1_700_000_000.0
+    alloc = {
+        "scaling_status": {
+            "releasing": ["x1000c0s0b0n2"],
+            "release_at": now,
+            "release_by": now + 600,
+        }
+    }
+    text = releasing_text(alloc, now)
+    assert (
+        text == f"x1000c0s0b0n2 after its checkpoint, by {clock_time(now + 600, now)} at the latest"
+    )
+    assert releasing_text({"scaling_status": {"releasing": []}}, now) is None
+    assert releasing_text({}, now) is None

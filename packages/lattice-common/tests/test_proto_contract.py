@@ -45,6 +45,7 @@ WIRE: dict[type[msgspec.Struct], type[betterproto2.Message]] = {
     types.ExposedPort: v1.ExposedPort,
     types.ServiceEndpoint: v1.ServiceEndpoint,
     types.CheckpointRecord: v1.CheckpointRecord,
+    types.CheckpointHint: v1.CheckpointHint,
     types.ScalingSpec: v1.ScalingSpec,
     types.ScalingStatus: v1.ScalingStatus,
 }
@@ -130,6 +131,9 @@ def _scaling_status() -> types.ScalingStatus:
         reason="cpu_utilization 0.91 >= 0.80 for 120 s",
         at=1_700_000_456.5,
         blocked="tenant ml-team holds 3 of max_nodes 3",
+        releasing=["x1000c0s0b0n2"],
+        release_at=1_700_000_460.0,
+        release_by=1_700_001_060.0,
     )
 
 
@@ -140,6 +144,18 @@ def _checkpoint() -> types.CheckpointRecord:
         size_bytes=2**35 + 3,
         duration_seconds=12.5,
         at=1_700_000_123.25,
+    )
+
+
+def _hint() -> types.CheckpointHint:
+    return types.CheckpointHint(
+        id="hint-3",
+        epoch=3,
+        at=1_700_000_200.5,
+        run=2,
+        reason="recompute_saved",
+        done_at=1_700_000_210.25,
+        outcome="ok",
     )
 
 
@@ -189,6 +205,9 @@ def _allocation() -> types.Allocation:
         revision=2**40 + 7,  # beyond 32 bits on purpose
         last_checkpoint=_checkpoint(),
         scaling_status=_scaling_status(),
+        checkpoint_hint=_hint(),
+        checkpoint_hints=3,
+        checkpoint_minutes=0.0,  # an explicit 0 survives (optional on the wire)
     )
 
 
@@ -361,6 +380,7 @@ SAMPLES: dict[type[msgspec.Struct], typing.Callable[[], msgspec.Struct]] = {
     types.LivenessProbeSpec: _probe,
     types.ExposedPort: lambda: types.ExposedPort(name="api", port=8080, protocol="http"),
     types.CheckpointRecord: _checkpoint,
+    types.CheckpointHint: _hint,
     types.ScalingSpec: _scaling,
     types.ScalingStatus: _scaling_status,
     types.ServiceEndpoint: lambda: types.ServiceEndpoint(

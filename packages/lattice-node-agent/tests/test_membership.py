@@ -82,3 +82,25 @@ def test_a_real_job_reads_the_file_on_sigusr2_and_others_are_left_alone(tmp_path
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
+
+
+def test_the_releasing_file_lists_the_nodes_a_pending_scale_down_releases(tmp_path: Path) -> None:
+    from lattice_common.types import ScalingStatus
+
+    m = Membership("n0", tmp_path)
+    path = tmp_path / "a1" / "releasing"
+    a = alloc(["n0", "n1", "n2"])
+    m.sync({"a1": a}, [])
+    assert not path.exists()  # nothing pending
+    a.scaling_status = ScalingStatus(target=2, releasing=["n2"], release_at=1.0, release_by=9.0)
+    m.sync({"a1": a}, [])
+    assert path.read_text() == "n2\n"
+    other = Membership("n1", tmp_path / "n1")  # only the head node keeps it
+    other.sync({"a1": a}, [])
+    assert not (tmp_path / "n1" / "a1" / "releasing").exists()
+    # released: the nodes file says so and the releasing file is gone
+    done = alloc(["n0", "n1"])
+    done.scaling_status = ScalingStatus(target=2)
+    m.sync({"a1": done}, [])
+    assert not path.exists()
+    assert m.path("a1").read_text() == "n0\nn1\n"

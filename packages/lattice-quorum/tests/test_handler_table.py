@@ -41,6 +41,7 @@ def test_handlers_live_in_the_domain_modules() -> None:
         "lattice_quorum.handlers.nodes",
         "lattice_quorum.handlers.allocations",
         "lattice_quorum.handlers.assignment",
+        "lattice_quorum.handlers.checkpoints",
         "lattice_quorum.handlers.tenancy",
         "lattice_quorum.handlers.pki",
         "lattice_quorum.handlers.dags",
@@ -48,6 +49,7 @@ def test_handlers_live_in_the_domain_modules() -> None:
         "lattice_quorum.handlers.staging",
         "lattice_quorum.handlers.audit",
         "lattice_quorum.handlers.backup",
+        "lattice_quorum.handlers.retention",
     }
 
 

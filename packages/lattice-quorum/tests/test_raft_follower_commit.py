@@ -123,3 +123,72 @@ def test_verified_entries_still_commit_on_the_safe_member():
         assert counter.value == 4
     finally:
         member.destroy()
+
+
+def _follower_at_term(cls: type[SyncObj], raw: bytes, count: int, term: int) -> SyncObj:
+    """A follower whose log ends with ``count`` entries the leader of ``term`` sent it."""
+    member = cls(_addr(), [_addr(), _addr()], conf=_conf(), consumers=[Counter()])
+    member._SyncObj__raftCurrentTerm = term
+    log = member._SyncObj__raftLog
+    first = log[-1][1]
+    for i in range(first + 1, first + 1 + count):
+        log.add(raw, i, term)
+    return member
+
+
+def _resent(member: SyncObj, raw: bytes, upto: int, term: int) -> dict:
+    """The leader re-sending, from an older nextIndex, entries the follower has."""
+    log = member._SyncObj__raftLog
+    first = log[0]
+    return {
+        "type": "append_entries",
+        "term": term,
+        "commit_index": 0,
+        "prevLogIdx": first[1],
+        "prevLogTerm": first[2],
+        "entries": [(raw, i, term) for i in range(first[1] + 1, upto + 1)],
+    }
+
+
+def test_a_resent_message_does_not_cut_entries_the_follower_acknowledged():
+    raw = _command_bytes(1)
+    member = _follower_at_term(SafeSyncObj, raw, count=6, term=3)
+    try:
+        last = member._SyncObj__raftLog[-1][1]
+        _deliver(member, _resent(member, raw, upto=last - 4, term=3))
+        assert member._SyncObj__raftLog[-1][1] == last
+    finally:
+        member.destroy()
+
+
+def test_plain_pysyncobj_cuts_them():
+    raw = _command_bytes(1)
+    member = _follower_at_term(SyncObj, raw, count=6, term=3)
+    try:
+        last = member._SyncObj__raftLog[-1][1]
+        _deliver(member, _resent(member, raw, upto=last - 4, term=3))
+        assert member._SyncObj__raftLog[-1][1] == last - 4
+    finally:
+        member.destroy()
+
+
+def test_a_tail_of_an_older_term_is_still_replaced_by_the_leaders_entries():
+    raw, other = _command_bytes(1), _command_bytes(7)
+    member = _follower_at_term(SafeSyncObj, raw, count=6, term=2)
+    try:
+        member._SyncObj__raftCurrentTerm = 3
+        log = member._SyncObj__raftLog
+        first = log[0]
+        msg = {
+            "type": "append_entries",
+            "term": 3,
+            "commit_index": first[1] + 2,
+            "prevLogIdx": first[1],
+            "prevLogTerm": first[2],
+            "entries": [(other, first[1] + 1, 3), (other, first[1] + 2, 3)],
+        }
+        _deliver(member, msg)
+        assert member._SyncObj__raftLog[-1][1] == first[1] + 2
+        assert member._SyncObj__raftLog[-1][2] == 3
+    finally:
+        member.destroy()

@@ -220,7 +220,12 @@ def test_preemption_checkpoint_and_intervals_of_a_requeued_job():
     assert M.job_intervals(j, 3600) == [(0.0, 160.0), (300.0, 500.0)]
     m = M.metrics_dict(result([j, k], nodes=2))
     assert m["preemption"] == {"total": 1, "jobs_preempted": 1, "per_hour": 1.0}
-    assert m["checkpoint"] == {"attempted": 4, "succeeded": 3, "success_rate": 0.75}
+    assert m["checkpoint"] == {
+        "attempted": 4,
+        "succeeded": 3,
+        "success_rate": 0.75,
+        "lost_node_hours": 0.0,
+    }
     assert m["utilization"]["node_hours_used"] == pytest.approx((360 + 3600) / 3600, abs=1e-6)
 
 

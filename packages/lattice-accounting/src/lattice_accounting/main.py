@@ -95,6 +95,11 @@ async def run(args: argparse.Namespace) -> None:
         orphan_grace=ac.reservation_orphan_grace_seconds,
         metrics=ServiceMetrics(),
     )
+    history = None
+    if cfg.storage.history_database_url:  # the quorum's history store, shared
+        from lattice_common.history import HistoryStore
+
+        history = svc.history = await HistoryStore.open(cfg.storage.history_database_url)
     pusher = None
     tasks = [asyncio.create_task(svc.follow()), asyncio.create_task(svc.run_charger())]
     if ac.provider == "waldur":
@@ -126,6 +131,8 @@ async def run(args: argparse.Namespace) -> None:
             t.cancel()
         await runner.cleanup()
         await ledger.close()
+        if history is not None:
+            await history.close()
 
 
 async def _follow_feed(feed: Any, quorum: Any) -> None:

@@ -16,7 +16,8 @@ operations behind the internal API, around one :class:`~lattice_accounting.ledge
 * **Watchdog** (in the same pass): orphan reservations (no allocation appeared) are
   released after ``reservation_orphan_grace_seconds``; a bound reservation whose
   allocation has not started after ``reservation_start_timeout_seconds`` gives its money
-  back; a reservation whose allocation left the quorum unseen is settled as charged.
+  back; a reservation whose allocation left the quorum unseen is settled from its final
+  record in the history store (lattice_common.history, when configured), else as charged.
 
 Work never waits on any of this: the quorum and the schedulers do not know about the
 service, and when it is down charging simply catches up from ``charged_up_to``.
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 
 from lattice_common import commands as c
 from lattice_common.errors import InvalidTransition, LatticeError, NotFound
+from lattice_common.history import HistoryStore
 from lattice_common.types import HOLDING_STATES, Allocation, LifecycleType, NodeState
 from lattice_common.watch import StateDelta, StateMirror
 from prometheus_client import CollectorRegistry
@@ -106,6 +108,9 @@ class AccountingService:
         self.metrics = metrics or ServiceMetrics(CollectorRegistry())
         self.clock = clock
         self.mirror = StateMirror()
+        # the history store (lattice_common.history, storage.history_database_url): the
+        # final record of an allocation that left the quorum before it was settled
+        self.history: HistoryStore | None = None
         self.synced = False  # a snapshot has arrived since the start
         self.connected = False
         self.bound: set[str] = set()  # allocation ids with a reservation row
@@ -371,6 +376,8 @@ class AccountingService:
                 orphans.append(r)
                 continue
             a = self.mirror.allocations.get(r.allocation_id)
+            if a is None and self.history is not None:
+                a = await self.history.get(r.allocation_id)  # moved there after its end
             if a is None:
                 gone.append(r)
                 continue

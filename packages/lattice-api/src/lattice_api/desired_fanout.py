@@ -118,20 +118,37 @@ class DesiredFanout:
             self._pump = None
 
     async def watch(
-        self, node_id: str, read: Callable[[str], tuple[int, list]]
+        self,
+        node_id: str,
+        read: Callable[[str], tuple[int, list]],
+        *,
+        known_generation: int = 0,
+        generation: Callable[[str], int] | None = None,
     ) -> AsyncIterator[tuple[int, list]]:
         """``read(node_id)`` -> (generation, allocations) now and after every change that
-        touches the node, skipping repeats of the same set."""
+        touches the node, skipping repeats of the same set.
+
+        ``known_generation``: the generation the agent already applied (a reconnecting
+        stream, e.g. after a leader change). While the node's ``generation(node_id)``
+        is still that one, its set is the one the agent has and is not sent again: after
+        a failover every agent reconnects at once, and re-sending each its allocations
+        would keep the new leader busy for seconds."""
         self._ensure_subscribed()
         w = _Waiter(node_id)
         self._add(w)
         try:
             last: tuple[int, tuple[str, ...]] | None = None
+            skip = known_generation if known_generation > 0 and generation is not None else 0
             while True:
                 await w.event.wait()
                 w.event.clear()
                 if self._failed is not None:
                     raise self._failed
+                if skip:
+                    assert generation is not None
+                    if generation(node_id) == skip:
+                        continue  # unchanged since the agent's copy: nothing to send
+                    skip = 0
                 gen, allocs = read(node_id)
                 key = (gen, tuple(a.id + a.state for a in allocs))
                 if key != last:

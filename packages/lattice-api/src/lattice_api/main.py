@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -167,6 +168,9 @@ async def serve(
         oidc=oidc,
         auth_mode=auth.mode,
     )
+    # the history store and the leader's sweeper moving ended allocations into it
+    history, history_sweeper = await open_history(cfg, member)
+    ops.allocations.history = ops.usage.history = ops.accounting.history = history
     if recovery is not None and member.is_leader:
         # elected while restoring, before these listened: tell them now
         monitor.on_leadership(True)
@@ -202,6 +206,7 @@ async def serve(
     monitor.start()
     backups.start()
     log_sweeper.start()  # log retention
+    history_sweeper.start()  # ended allocations -> the history store
     # secrets written as references are re-read and applied without restart
     secrets = watch_api_secrets(cfg, auth)
     log.info(
@@ -227,6 +232,8 @@ async def serve(
         await monitor.stop()
         await backups.stop()
         await log_sweeper.stop()  # log retention
+        await history_sweeper.stop()
+        await history.close()
         if secrets is not None:
             await secrets.stop()
         grpc.close()
@@ -240,6 +247,29 @@ async def serve(
             await fabric.close()
         logs.close()
         member.close()
+
+
+async def open_history(cfg: LatticeConfig, member: Any) -> tuple[Any, Any]:
+    """The history store (``storage.history_database_url``; default SQLite
+    ``history.db`` under ``quorum.data_dir``) and its sweeper (lattice_api.history_sweeper)."""
+    from lattice_common.history import HistoryStore, sqlite_url
+
+    from lattice_api.history_sweeper import HistorySweeper
+
+    st = cfg.storage
+    url = st.history_database_url or sqlite_url(str(Path(cfg.quorum.data_dir) / "history.db"))
+    Path(cfg.quorum.data_dir).mkdir(parents=True, exist_ok=True)
+    store = await HistoryStore.open(url)
+    sweeper = HistorySweeper(
+        member,
+        store,
+        retention_seconds=st.allocation_retention_hours * 3600.0,
+        interval=st.history_sweep_interval_seconds,
+        batch_size=st.history_batch_size,
+        # tenants with an internal budget: the scheduler's penalty reads the period's usage
+        budgeted_retention_seconds=cfg.scheduling.budget_period_days * 86400.0,
+    )
+    return store, sweeper
 
 
 def _accounting_settings(cfg: LatticeConfig) -> dict[str, Any]:

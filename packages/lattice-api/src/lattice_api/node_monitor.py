@@ -25,7 +25,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from lattice_common import commands as c
 from lattice_common.errors import NotLeader, RateLimited, StaleRevision
@@ -142,6 +143,23 @@ class NodeMonitor:
         A ``conformance_fingerprint`` that differs from the node's committed
         conformance group is proposed as ReportConformance (the quorum records drift);
         an unchanged one costs nothing."""
+        answer, follow_up = self.accept(node_id, sequence, reports, conformance_fingerprint)
+        if follow_up is not None:
+            await follow_up
+        return answer
+
+    def accept(
+        self,
+        node_id: str,
+        sequence: int,
+        reports: list[AllocationReport],
+        conformance_fingerprint: str = "",
+    ) -> tuple[dict[str, object], Coroutine[Any, Any, None] | None]:
+        """The part of a heartbeat that needs no commit, done at once: the answer, and
+        the commits it calls for as a coroutine to await (None for a Ready node with
+        nothing new, the steady state). Raises as :meth:`heartbeat` does. A batch of
+        heartbeats (BatchHeartbeat) accepts every one, then awaits their commits
+        together."""
         if not self.quorum.is_leader:
             raise NotLeader(
                 "this quorum member is not the leader", hint="Retry against the leader."
@@ -168,8 +186,10 @@ class NodeMonitor:
             )
         # the limit is for liveness-only heartbeats (spec: at most one per interval);
         # one that carries an allocation's end or prologue result is how completions
-        # reach the quorum at once, and is never held back
-        if not any(r.phase in _EVENT_PHASES for r in reports):
+        # reach the quorum at once, and is never held back. Only such reports give
+        # handle_reports anything to do, so a heartbeat without one skips it.
+        events = any(r.phase in _EVENT_PHASES or r.hint_id for r in reports)
+        if not events:
             try:
                 self.heartbeat_limit.check(node_id)
             except RateLimited:
@@ -177,31 +197,45 @@ class NodeMonitor:
                 raise
         self.sequence[node_id] = sequence
         self.last_seen[node_id] = now
-        node = self.quorum.read(queries.node, node_id)
-        if node is None:
-            return {"accepted": False, "reregister": True}
-        if node.state == NodeState.DEGRADED:
+        # three fields, not a copy of the node record (this runs for every heartbeat)
+        seen = self.quorum.read(queries.node_liveness, node_id)
+        if seen is None:
+            return {"accepted": False, "reregister": True}, None
+        state, disabled, conformance_group = seen
+        degraded = state == NodeState.DEGRADED
+        if not degraded and state in (NodeState.DOWN, NodeState.UNKNOWN) and not disabled:
+            return {"accepted": True, "reregister": True}, None
+        drifted = bool(conformance_fingerprint) and conformance_fingerprint != conformance_group
+        answer: dict[str, object] = {"accepted": True, "reregister": False}
+        if not (degraded or drifted or events):
+            return answer, None
+        return answer, self._follow_up(
+            node_id,
+            degraded=degraded,
+            fingerprint=conformance_fingerprint if drifted else "",
+            reports=reports if events else [],
+        )
+
+    async def _follow_up(
+        self, node_id: str, *, degraded: bool, fingerprint: str, reports: list[AllocationReport]
+    ) -> None:
+        """A heartbeat's commits, in order: back to Ready, conformance drift, the
+        allocation events it reports."""
+        if degraded:
             await self._propose(
                 c.SetNodeHealth(node_id=node_id, state=NodeState.READY, now=time.time())
             )
-        elif node.state in (NodeState.DOWN, NodeState.UNKNOWN) and not node.disabled:
-            return {"accepted": True, "reregister": True}
-        if (
-            conformance_fingerprint
-            and conformance_fingerprint != node.conformance_group
-            and node_id not in self._conformance_inflight
-        ):
+        # checked here, not in accept: a follow-up never awaited leaves no mark behind
+        if fingerprint and node_id not in self._conformance_inflight:
             self._conformance_inflight.add(node_id)
             try:
                 await self._propose(
-                    c.ReportConformance(
-                        node_id=node_id, fingerprint=conformance_fingerprint, now=time.time()
-                    )
+                    c.ReportConformance(node_id=node_id, fingerprint=fingerprint, now=time.time())
                 )
             finally:
                 self._conformance_inflight.discard(node_id)
-        await self.handle_reports(node_id, reports)
-        return {"accepted": True, "reregister": False}
+        if reports:
+            await self.handle_reports(node_id, reports)
 
     async def handle_reports(self, node_id: str, reports: list[AllocationReport]) -> None:
         cmds: list[c.Command] = []
@@ -215,6 +249,11 @@ class NodeMonitor:
                 ck = self._checkpoint(node_id, r)
                 if ck is not None:
                     cmds.append(ck)
+                continue
+            if r.phase == "running" and r.hint_id:
+                hint = self._hint_outcome(node_id, r)
+                if hint is not None:
+                    cmds.append(hint)
                 continue
             if r.phase != "exited" or r.allocation_id in self._inflight:
                 continue
@@ -279,6 +318,42 @@ class NodeMonitor:
         finally:
             self._inflight.difference_update(ids)
             self._prologue_inflight.difference_update(staging)
+
+    def _hint_outcome(self, node_id: str, r: AllocationReport) -> c.Command | None:
+        """A checkpoint broker hint's outcome on a still-running allocation (checkpoint
+        and continue); heartbeats repeat it until the hint is no longer outstanding."""
+        if r.allocation_id in self._inflight:
+            return None
+        a = self.quorum.read(queries.allocation, r.allocation_id)
+        h = a.checkpoint_hint if a is not None else None
+        if (
+            a is None
+            or h is None
+            or h.id != r.hint_id
+            or h.done_at is not None
+            or a.assigned_nodes[:1] != [node_id]
+        ):
+            return None
+        now = time.time()
+        record = (
+            CheckpointRecord(
+                id=r.checkpoint_id,
+                path=r.checkpoint_path,
+                size_bytes=r.checkpoint_size_bytes,
+                duration_seconds=r.checkpoint_duration_seconds,
+                at=now,
+            )
+            if r.checkpoint_id
+            else None
+        )
+        return c.CompleteCheckpointHint(
+            allocation_id=a.id,
+            node_id=node_id,
+            hint_id=h.id,
+            checkpoint=record,
+            outcome="ok" if record is not None else (r.reason or "checkpoint_failed"),
+            now=now,
+        )
 
     def _checkpoint(self, node_id: str, r: AllocationReport) -> c.Command | None:
         """The head node's checkpoint outcome for a Checkpointing allocation (its

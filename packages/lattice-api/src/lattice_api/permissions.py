@@ -92,7 +92,8 @@ RPCS: dict[str, str] = {
     "AllocationService.Cancel": "allocation.cancel",
     "AllocationService.Update": "allocation.update",  # telemetry mode only, so far
     "AllocationService.Watch": "allocation.read",
-    "AllocationService.Checkpoint": NOT_BUILT,
+    # checkpoint now and run on: the owner's (or an admin's), like cancel
+    "AllocationService.Checkpoint": "allocation.cancel",
     "AllocationService.LaunchTasks": "allocation.launch",
     "AllocationService.WatchLaunch": "allocation.read",
     "AllocationService.Attach": "allocation.attach",
@@ -120,6 +121,7 @@ RPCS: dict[str, str] = {
     "NodeService.ReleaseNodeClaim": "node.release",
     "NodeService.RegisterNode": "node.agent",
     "NodeService.Heartbeat": "node.agent",
+    "NodeService.BatchHeartbeat": "node.agent",
     "NodeService.WatchDesiredState": "node.agent",
     "NodeService.GetNodeHealth": NOT_BUILT,
     "NodeService.CacheStatus": "cache.read",
@@ -181,6 +183,7 @@ ROUTES: dict[str, str] = {
     "DELETE /api/v1/allocations/{id}": "allocation.cancel",
     "POST /api/v1/allocations/{id}/suspend": "allocation.cancel",
     "POST /api/v1/allocations/{id}/resume": "allocation.cancel",
+    "POST /api/v1/allocations/{id}/checkpoint": "allocation.cancel",
     "GET /api/v1/allocations/{id}/watch": "allocation.read",
     "POST /api/v1/sessions": "allocation.submit",
     "GET /api/v1/sessions": "allocation.read",
@@ -212,6 +215,7 @@ ROUTES: dict[str, str] = {
     "POST /api/v1/nodes/register": "node.agent",
     "GET /api/v1/nodes/{id}": "node.read",
     "POST /api/v1/nodes/{id}/heartbeat": "node.agent",
+    "POST /api/v1/nodes/heartbeats": "node.agent",
     _NODE_ACTION + "drain": "node.admin",
     _NODE_ACTION + "undrain": "node.admin",
     _NODE_ACTION + "disable": "node.admin",

@@ -1,35 +1,104 @@
-"""``lattice-checkpoint``: the checkpoint broker.
-
-The broker's evaluation loop and cost model come with the checkpoint work; until
-then this entry point validates its configuration, serves its metrics endpoint and
-says plainly that it has nothing to do, rather than pretending to checkpoint.
-"""
+"""``lattice-checkpoint``: the checkpoint broker (stateless; see ``broker``)."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
+from typing import TYPE_CHECKING, Any
+
+from lattice_common.config import LatticeConfig, load_config
+from lattice_common.errors import LatticeError
+from lattice_common.process import daemon_main, run_until_signal, start_metrics
+from lattice_common.rpc import Endpoints, RemoteQuorum, service_tls
+
+if TYPE_CHECKING:  # the broker (prometheus, asyncio) loads only when the daemon starts
+    from lattice_checkpoint.broker import Broker
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="lattice-checkpoint",
-        description="Run the Lattice checkpoint broker (not yet implemented: exits with a message).",
+        description="Run the Lattice checkpoint broker: evaluate the checkpoint cost model "
+        "for running allocations and send checkpoint hints through the quorum.",
     )
     p.add_argument("--config", help="YAML config file (checkpoint section)")
     p.add_argument(
         "--quorum-endpoint",
         default=os.environ.get("LATTICE_QUORUM_ENDPOINT", "127.0.0.1:50051"),
-        help="lattice-server gRPC address(es)",
+        help="lattice-server gRPC address(es), comma-separated (default: %(default)s)",
     )
-    p.parse_args(argv)
-    print(
-        "Error: the checkpoint broker is not implemented yet\n"
-        "Hint: allocations run without checkpoint hints; preemption uses SIGTERM, grace, SIGKILL.",
-        file=sys.stderr,
+    p.add_argument(
+        "--evaluation-interval",
+        type=float,
+        help="seconds between evaluations (default: config checkpoint."
+        "evaluation_interval_seconds, 30)",
     )
-    sys.exit(2)
+    p.add_argument(
+        "--checkpoint-root",
+        help="checkpoint destination the write probe writes to, a directory or "
+        "s3://bucket/prefix (default: config "
+        "checkpoint.checkpoint_root)",
+    )
+    p.add_argument(
+        "--metrics-listen", help="host:port for /metrics; empty to disable (default: config)"
+    )
+    p.add_argument("--log-level", default=os.environ.get("LATTICE_LOG_LEVEL", "info"))
+    return p.parse_args(argv)
+
+
+def build_broker(args: argparse.Namespace) -> Broker:
+    """The broker the command line and config file describe (starts nothing but the
+    metrics endpoint)."""
+    from lattice_checkpoint import cost
+    from lattice_checkpoint.broker import PROBE_BYTES, Broker
+    from lattice_checkpoint.storage import open_checkpoint_store
+
+    cfg = load_config(args.config)
+    ck = cfg.checkpoint
+    interval = (
+        args.evaluation_interval
+        if args.evaluation_interval is not None
+        else ck.evaluation_interval_seconds
+    )
+    if interval <= 0:
+        raise LatticeError(
+            "--evaluation-interval must be greater than zero",
+            hint="Give seconds between evaluations, e.g. --evaluation-interval 30.",
+        )
+    root = args.checkpoint_root or ck.checkpoint_root
+    start_metrics(ck.metrics_listen if args.metrics_listen is None else args.metrics_listen)
+    token = cfg.api.agent_token.get_secret_value() if cfg.api.agent_token else None
+    quorum = RemoteQuorum(Endpoints(args.quorum_endpoint, ssl=_tls(cfg)), token=token)
+    return Broker(
+        quorum,
+        open_checkpoint_store(root, cfg.storage, probe_bytes=PROBE_BYTES),
+        interval=interval,
+        params=cost.ModelParams(
+            node_mtbf_hours=ck.node_mtbf_hours,
+            default_checkpoint_bytes_per_node=ck.default_checkpoint_gib_per_node * cost.GIB,
+        ),
+        storage_cost_gpu_hours_per_gb=ck.storage_cost_gpu_hours_per_gb,
+    )
+
+
+def _tls(cfg: LatticeConfig) -> Any:
+    try:
+        return service_tls(cfg.tls)
+    except (OSError, ValueError) as e:
+        raise LatticeError(
+            f"cannot load the TLS files: {e}",
+            hint="Check tls.ca, tls.cert and tls.key (a checkpoint certificate from "
+            "`lattice admin ca issue --kind checkpoint`).",
+        ) from None
+
+
+async def run(args: argparse.Namespace) -> None:
+    await run_until_signal(build_broker(args).run())
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    daemon_main("lattice-checkpoint", args.log_level, lambda: run(args))
 
 
 if __name__ == "__main__":

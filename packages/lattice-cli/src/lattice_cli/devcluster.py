@@ -140,6 +140,7 @@ class LocalCluster:
         tsdb: bool | None = None,
         accounting: bool | str = False,
         accounting_options: dict[str, Any] | None = None,
+        checkpoint_broker: bool = True,
     ) -> None:
         if members not in (1, 3, 5):
             raise ClusterError("a quorum has 1, 3 or 5 members")
@@ -161,6 +162,9 @@ class LocalCluster:
         # checkpoints: one directory of this cluster, shared by its agents (a job resumes
         # on any node), unless the environment names one
         self.env.setdefault("LATTICE_CHECKPOINT__CHECKPOINT_ROOT", str(self.base / "checkpoints"))
+        # the broker's write probe wants the destination to exist (as a mount would)
+        with contextlib.suppress(OSError):
+            Path(self.env["LATTICE_CHECKPOINT__CHECKPOINT_ROOT"]).mkdir(parents=True, exist_ok=True)
         self.members: list[Member] = []
         self.schedulers: dict[str, subprocess.Popen[bytes]] = {}
         self.agents: list[AgentProc] = []
@@ -176,6 +180,10 @@ class LocalCluster:
         self.accounting = accounting
         self.accounting_options = dict(accounting_options or {})
         self.accounting_proc: subprocess.Popen[bytes] | None = None
+        # lattice-checkpoint, the checkpoint broker (its /metrics on a free port)
+        self.checkpoint_broker = checkpoint_broker
+        self.broker_proc: subprocess.Popen[bytes] | None = None
+        self.broker_metrics_port = free_port() if checkpoint_broker else 0
         self.accounting_port = 0
         self.accounting_token = ""
         if accounting:
@@ -279,6 +287,8 @@ class LocalCluster:
                 "walltime_grace_seconds": self.walltime_grace,
             },
             "scheduling": {"cycle_interval_seconds": self.cycle_interval},
+            # one history store for every member (whichever leads writes it)
+            "storage": {"history_database_url": self.history_url},
             **({"accounting": self._accounting_section()} if self.accounting else {}),
         }
 
@@ -301,6 +311,11 @@ class LocalCluster:
         return section
 
     @property
+    def history_url(self) -> str:
+        """The history store every member and lattice-accounting share (one SQLite file)."""
+        return f"sqlite+aiosqlite:///{(self.base / 'history.db').resolve()}"
+
+    @property
     def accounting_url(self) -> str:
         return f"http://127.0.0.1:{self.accounting_port}"
 
@@ -309,7 +324,10 @@ class LocalCluster:
         API answers."""
         if not self.accounting:
             return
-        cfg: dict[str, Any] = {"accounting": self._accounting_section()}
+        cfg: dict[str, Any] = {
+            "accounting": self._accounting_section(),
+            "storage": {"history_database_url": self.history_url},  # the members' store
+        }
         if self.secure is not None:
             cfg.update(self.secure.scheduler_config("accounting"))
         path = self.base / "accounting.yaml"
@@ -408,6 +426,30 @@ class LocalCluster:
                 "",
             ],
         )
+
+    def start_broker(self) -> None:
+        """lattice-checkpoint against this cluster (config from the environment, e.g.
+        LATTICE_CHECKPOINT__EVALUATION_INTERVAL_SECONDS)."""
+        config: list[str] = []
+        if self.secure is not None:
+            path = self.base / "checkpoint.yaml"
+            path.write_text(yaml.safe_dump(self.secure.scheduler_config("checkpoint")))
+            config = ["--config", str(path)]
+        self.broker_proc = self._spawn(
+            "checkpoint",
+            "lattice_checkpoint.main",
+            [
+                *config,
+                "--quorum-endpoint",
+                self.grpc_endpoints,
+                "--metrics-listen",
+                f"127.0.0.1:{self.broker_metrics_port}",
+            ],
+        )
+
+    def stop_broker(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        _stop(self.broker_proc, sig, timeout)
+        self.broker_proc = None
 
     def start_agent(self, a: AgentProc) -> None:
         a.proc = self._spawn(
@@ -553,6 +595,8 @@ class LocalCluster:
         self.ensure_defaults(leader)
         for vc in self.vclusters:
             self.start_scheduler(vc)
+        if self.checkpoint_broker:
+            self.start_broker()
         self.start_accounting(timeout)
         for a in self.agents:
             self._bootstrap(a)
@@ -588,6 +632,7 @@ class LocalCluster:
         for p in self.schedulers.values():
             _stop(p, signal.SIGTERM, 10)
         self.schedulers.clear()
+        self.stop_broker()
         self.stop_accounting()
         for m in self.members:
             self.stop_member(m)

@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "cancel": "lattice_cli.commands.cancel",
     "suspend": "lattice_cli.commands.suspend",
     "resume": "lattice_cli.commands.resume",
+    "checkpoint": "lattice_cli.commands.checkpoint",
     "logs": "lattice_cli.commands.logs",
     "top": "lattice_cli.commands.top",
     "watch": "lattice_cli.commands.watch",

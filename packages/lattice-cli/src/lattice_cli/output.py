@@ -467,6 +467,21 @@ def nodes_text(alloc: dict[str, Any], now: float) -> Any:
     return text
 
 
+def releasing_text(alloc: dict[str, Any], now: float) -> str | None:
+    """``Releasing``: the nodes a scale-down of a checkpointable allocation releases once
+    the application has checkpointed (``x1000c0s0b0n2 after its checkpoint, by 12:13
+    at the latest``); None when none is pending."""
+    status = alloc.get("scaling_status") or {}
+    nodes = status.get("releasing") or []
+    if not nodes:
+        return None
+    text = f"{compress_nodelist(nodes)} after its checkpoint"
+    by = status.get("release_by")
+    if by is not None:
+        text += f", by {clock_time(float(by), now)} at the latest"
+    return text
+
+
 def scaling_text(spec: dict[str, Any]) -> str | None:
     """``Scaling``: a reactive allocation's metric, thresholds and timings."""
     s = spec.get("scaling")
@@ -506,6 +521,7 @@ def allocation_detail(alloc: dict[str, Any], now: float) -> str:
             ("Nodes", nodes_text(alloc, now)),
             ("Scaling", scaling_text(spec)),
             ("Scaling blocked", (alloc.get("scaling_status") or {}).get("blocked") or None),
+            ("Releasing", releasing_text(alloc, now)),
             ("Assigned nodes", compress_nodelist(nodes) if nodes else None),
             ("Staged nodes", _staged(alloc)),
             (

@@ -17,6 +17,7 @@ from lattice_common.types import (
     Allocation,
     AllocationSpec,
     AllocationState,
+    CheckpointHint,
     CheckpointRecord,
     CostWeights,
     Dag,
@@ -244,6 +245,35 @@ class ResumeAllocation(Command, tag="resume_allocation"):
     requested_by: str = ""
 
 
+class IssueCheckpointHint(Command, tag="issue_checkpoint_hint"):
+    """The checkpoint broker asks a Running, checkpointable allocation to checkpoint and
+    continue. ``epoch`` must equal the allocation's ``checkpoint_hints`` (the broker's
+    view is current) and no hint may be outstanding: a restarted broker never hints an
+    allocation twice."""
+
+    allocation_id: str
+    epoch: int
+    reason: str = ""
+
+
+class CompleteCheckpointHint(Command, tag="complete_checkpoint_hint"):
+    """The head node's agent reports a hint's outcome (the processes keep running):
+    ``checkpoint`` set -> it becomes ``last_checkpoint``; else ``outcome`` says why not."""
+
+    allocation_id: str
+    node_id: str
+    hint_id: str
+    checkpoint: CheckpointRecord | None = None
+    outcome: str = "ok"
+
+
+class SetCheckpointEstimates(Command, tag="set_checkpoint_estimates"):
+    """The checkpoint broker's estimated checkpoint minutes per allocation (the
+    scheduler's f8); only changes are sent, None clears one."""
+
+    minutes: dict[str, float | None] = msgspec.field(default_factory=dict)
+
+
 class SetNodeHealth(Command, tag="set_node_health"):
     """Leader's heartbeat monitor: Ready <-> Degraded -> Down."""
 
@@ -318,6 +348,19 @@ class Batch(Command, tag="batch"):
     commands: list[AnyCommand]
 
 
+class RemoveAllocations(Command, tag="remove_allocations"):
+    """Terminal allocations leave the state once their retention has passed
+    (lattice_quorum.retention): proposed by the leader's history sweeper after it
+    stored their final records in the history store. Each member removes only the
+    listed ids that are still removable under ``retention_seconds`` at ``now``, so
+    every member removes the same ones; the rest stay for a later sweep."""
+
+    ids: list[str] = msgspec.field(default_factory=list)
+    retention_seconds: float = 86400.0
+    # tenants with an internal budget keep theirs this long (the budget period)
+    budgeted_retention_seconds: float = 0.0
+
+
 class RestoreBackup(Command, tag="restore_backup"):
     """Replace a freshly bootstrapped (empty) state with a backup's
     (lattice_quorum.handlers.backup). ``data`` is the whole backup file: every member
@@ -347,6 +390,9 @@ AnyCommand = (
     | SuspendAllocation
     | RecordCheckpoint
     | ResumeAllocation
+    | IssueCheckpointHint
+    | CompleteCheckpointHint
+    | SetCheckpointEstimates
     | ReportPrologue
     | SetNodeHealth
     | DrainNode
@@ -360,6 +406,7 @@ AnyCommand = (
     | AppendAudit
     | InitCertificateAuthority
     | RestoreBackup
+    | RemoveAllocations
     | Batch
 )
 
@@ -389,6 +436,7 @@ class CommandResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     allocations: list[Allocation] | None = None  # for SubmitTaskGroup, SubmitDag, CancelDag
     dag: Dag | None = None  # for SubmitDag, CancelDag
     session: Session | None = None  # for CreateSession, DeleteSession
+    removed_ids: list[str] | None = None  # for RemoveAllocations: the ids it removed
 
 
 _result_encoder = msgspec.msgpack.Encoder()
@@ -409,8 +457,10 @@ __all__ = [
     "AssignNodes",
     "Batch",
     "CancelAllocation",
+    "CheckpointHint",
     "Command",
     "CommandResult",
+    "CompleteCheckpointHint",
     "CostWeights",
     "CreateTenant",
     "CreateVCluster",
@@ -418,16 +468,19 @@ __all__ = [
     "DrainNode",
     "EnableNode",
     "InitCertificateAuthority",
+    "IssueCheckpointHint",
     "PreemptAllocation",
     "RecordCheckpoint",
     "RegisterNode",
     "ReleaseNodeClaim",
+    "RemoveAllocations",
     "ReportConformance",
     "RequeueAllocation",
     "RestoreBackup",
     "ResumeAllocation",
     "ScaleAllocation",
     "SchedulerType",
+    "SetCheckpointEstimates",
     "SetNodeHealth",
     "SetPendingReasons",
     "SetScalingStatus",

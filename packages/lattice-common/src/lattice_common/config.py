@@ -560,6 +560,25 @@ class StorageConfig(_Section):
     log_retention_interval_seconds: float = Field(
         default=3600.0, gt=0, description="how often the leader sweeps the log stores"
     )
+    # terminal allocations leave the quorum's state after this long, into the history
+    # store (lattice_common.history; the leader's lattice_api.history_sweeper)
+    allocation_retention_hours: float = Field(
+        default=24.0,
+        ge=0,
+        description="hours a terminal allocation stays in the quorum's state before it "
+        "moves to the history store (0 = never moves)",
+    )
+    history_database_url: str = Field(
+        default="",
+        description="the history store: postgresql+asyncpg://... or sqlite+aiosqlite:///path; "
+        '"" = SQLite history.db under quorum.data_dir (one member, or members sharing it)',
+    )
+    history_sweep_interval_seconds: float = Field(
+        default=60.0, gt=0, description="how often the leader moves allocations to the history"
+    )
+    history_batch_size: int = Field(
+        default=500, ge=1, description="allocations moved per quorum command"
+    )
     # the sensitive pool (spec: Sensitive Workloads, Observability Constraints): logs and
     # traces of sensitive allocations, encrypted with sensitive_log_key
     # (lattice_common.logcrypt); never written to the ordinary log store
@@ -745,7 +764,30 @@ class CheckpointConfig(_Section):
     max_deferral_seconds: float = Field(
         default=300.0, ge=0, description="gRPC callback: deferral granted at most, then forced"
     )
+    # lattice_checkpoint.storage.retention: checkpoints of ended allocations
+    retention_days: float = Field(
+        default=7.0,
+        ge=0,
+        description="checkpoints of terminal allocations are deleted this long after they "
+        "ended (spec default: 7 days); 0 = kept forever",
+    )
     metrics_listen: str = Field(default="0.0.0.0:9104", description="empty = no metrics")
+    # the broker's cost model (lattice_checkpoint.cost)
+    node_mtbf_hours: float = Field(
+        default=1000.0,
+        gt=0,
+        description="a healthy node's mean time between failures: the base of the failure "
+        "probability that weighs recompute_saved",
+    )
+    storage_cost_gpu_hours_per_gb: float = Field(
+        default=0.0001, ge=0, description="storage_cost of one GB of checkpoint, in GPU-hours"
+    )
+    default_checkpoint_gib_per_node: float = Field(
+        default=1.0,
+        gt=0,
+        description="checkpoint size per node when neither the nodes' GPU memory nor an "
+        "earlier checkpoint of the allocation tells",
+    )
 
     @field_validator("metrics_listen")
     @classmethod

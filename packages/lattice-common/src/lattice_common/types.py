@@ -226,6 +226,23 @@ class CheckpointRecord(msgspec.Struct, kw_only=True):
     at: float = 0.0  # when it completed
 
 
+class CheckpointHint(msgspec.Struct, kw_only=True):
+    """A checkpoint hint of the checkpoint broker on a Running allocation: "checkpoint
+    and continue" (the application keeps running), unlike preemption's
+    checkpoint-then-suspend. Recorded through the quorum so a restarted broker sees it:
+    outstanding while ``done_at`` is None in the run it was issued in; the head node's
+    agent runs the protocol and reports the outcome (``outcome`` "ok" with the
+    checkpoint in ``last_checkpoint``, or why it failed). ``epoch`` is the allocation's ``checkpoint_hints`` it was issued as."""
+
+    id: str
+    epoch: int
+    at: float
+    run: int = 0  # the run it was issued in (requeue_count + preempted_count)
+    reason: str = ""  # the cost model's deciding term, e.g. recompute_saved
+    done_at: float | None = None
+    outcome: str = ""  # ok | checkpoint_timeout | checkpoint_failed: ... | stopped
+
+
 SCALE_UP = "up"
 SCALE_DOWN = "down"
 SCALE_HOLD = "hold"
@@ -261,6 +278,12 @@ class ScalingStatus(msgspec.Struct, kw_only=True):
     reason: str = ""
     at: float | None = None
     blocked: str = ""
+    # a scale-down waiting for the application's checkpoint (spec: Reactive Allocation
+    # Checkpointing): the nodes it will release, when the head node's agent was asked
+    # to checkpoint, and when the release goes ahead without it
+    releasing: list[str] = msgspec.field(default_factory=list)
+    release_at: float | None = None
+    release_by: float | None = None
 
 
 class AllocationSpec(msgspec.Struct, kw_only=True):
@@ -337,6 +360,11 @@ class Allocation(msgspec.Struct, kw_only=True):
     # the last usable checkpoint (set on Suspended); its next run resumes from it
     last_checkpoint: CheckpointRecord | None = None
     scaling_status: ScalingStatus | None = None  # reactive: the autoscaler's last word
+    # the checkpoint broker: its last hint, how many it issued, and its estimate of
+    # this allocation's checkpoint time (the scheduler's f8 reads it)
+    checkpoint_hint: CheckpointHint | None = None
+    checkpoint_hints: int = 0
+    checkpoint_minutes: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -544,3 +572,6 @@ class AllocationReport(msgspec.Struct, kw_only=True, omit_defaults=True):
     checkpoint_path: str = ""
     checkpoint_size_bytes: int = 0
     checkpoint_duration_seconds: float = 0.0
+    # running with a broker hint's checkpoint done or failed (checkpoint_* or reason);
+    # the processes keep running
+    hint_id: str = ""

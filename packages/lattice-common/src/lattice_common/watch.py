@@ -26,6 +26,9 @@ class StateDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     nodes: list[Node] = msgspec.field(default_factory=list)
     tenants: list[Tenant] = msgspec.field(default_factory=list)
     vclusters: list[VCluster] = msgspec.field(default_factory=list)
+    # ids of terminal allocations that left the state after their retention (their
+    # records are in the history store, lattice_common.history)
+    removed_allocations: list[str] = msgspec.field(default_factory=list)
 
 
 _enc = msgspec.msgpack.Encoder()
@@ -71,6 +74,10 @@ class StateMirror:
                 self.holding[a.id] = None
             else:
                 self.holding.pop(a.id, None)
+        for aid in d.removed_allocations:
+            self.allocations.pop(aid, None)
+            self.pending.pop(aid, None)
+            self.holding.pop(aid, None)
         for n in d.nodes:
             self.nodes[n.id] = n
         for t in d.tenants:

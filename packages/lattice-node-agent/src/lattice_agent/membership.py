@@ -15,6 +15,15 @@ The file is written before the job starts (the agent applies the desired state b
 starting it), so the first read never misses; a restarted agent compares with the
 file on disk, so a change made while it was away is still signalled. Pure decision
 (:func:`plan`) plus a thin shell (:class:`Membership`).
+
+Prepare to release: a scale-down of a checkpointable allocation first records the nodes
+it will release (``ScalingStatus.releasing``) and asks the application to checkpoint
+(a checkpoint hint, run by ``lattice_agent.checkpoint``). While that is pending the
+agent keeps ``$LATTICE_RELEASING_FILE`` (``<work_dir>/<alloc>/releasing``) listing
+those nodes, written before the checkpoint request goes out, so the application's
+checkpoint handler can tell that these nodes are going (and, e.g., move their shards
+first); the file is removed once the release is done or called off. The change itself
+is then told as any other (nodes file + SIGUSR2).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from pathlib import Path
 from lattice_common.types import Allocation, AllocationReport, AllocationState
 
 from lattice_agent.procgroup import group_members
-from lattice_agent.spawn import NODES_FILE
+from lattice_agent.spawn import NODES_FILE, RELEASING_FILE
 
 log = logging.getLogger("lattice.agent.membership")
 
@@ -67,6 +76,18 @@ def plan(
         if before == nodes:
             continue
         out.append(Update(aid, nodes, notify=before is not None and aid in runs))
+    return out
+
+
+def releasing(node_id: str, assigned: Mapping[str, Allocation]) -> dict[str, tuple[str, ...]]:
+    """allocation id -> the nodes its pending scale-down will release, for the live
+    allocations this node heads (empty tuple: none pending)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for aid, a in assigned.items():
+        if a.state not in _LIVE or not a.assigned_nodes or a.assigned_nodes[0] != node_id:
+            continue
+        st = a.scaling_status
+        out[aid] = tuple(st.releasing) if st is not None else ()
     return out
 
 
@@ -157,3 +178,17 @@ class Membership:
             )
         for aid in assigned:
             self._known.setdefault(aid, known.get(aid))
+        self._sync_releasing(assigned)
+
+    def _sync_releasing(self, assigned: Mapping[str, Allocation]) -> None:
+        for aid, nodes in releasing(self.node_id, assigned).items():
+            path = self.work_dir / aid / RELEASING_FILE
+            try:
+                if nodes:
+                    if read_nodes(path) != nodes:
+                        write_nodes(path, nodes)
+                        log.info("allocation %s: preparing to release %s", aid, ",".join(nodes))
+                else:
+                    path.unlink(missing_ok=True)
+            except OSError as e:
+                log.warning("allocation %s: cannot update its releasing file: %s", aid, e)

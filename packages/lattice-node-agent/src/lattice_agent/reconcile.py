@@ -32,9 +32,11 @@ class Forget(msgspec.Struct, frozen=True):
 
 class Checkpoint(msgspec.Struct, frozen=True):
     """Ask the allocation to checkpoint through its protocol (lattice_agent.checkpoint);
-    its processes are stopped once that is done or has failed."""
+    its processes are stopped once that is done or has failed. With ``hint_id`` (a
+    checkpoint broker hint) they keep running: checkpoint and continue."""
 
     allocation: Allocation
+    hint_id: str = ""
 
 
 Action = Start | Stop | Forget | Checkpoint
@@ -44,6 +46,14 @@ def attempt(a: Allocation) -> int:
     """Which run of ``a`` this is: every requeue and every preemption or suspend starts
     a new one, so a run that comes back to this node starts afresh."""
     return a.requeue_count + a.preempted_count
+
+
+def outstanding_hint(a: Allocation) -> str:
+    """The id of the checkpoint broker hint ``a`` waits on in its current run, or ""."""
+    h = a.checkpoint_hint
+    if h is None or h.done_at is not None or h.run != attempt(a):
+        return ""
+    return h.id
 
 
 def reconcile(
@@ -72,6 +82,13 @@ def reconcile(
             # a new attempt of an allocation we ran before
             actions.append(Stop(aid, "requeued") if r.phase == "running" else Forget(aid))
             actions.append(Start(a))
+        elif (
+            a.state == AllocationState.RUNNING
+            and r.phase == "running"
+            and a.spec.checkpointable
+            and (hint := outstanding_hint(a))
+        ):
+            actions.append(Checkpoint(a, hint_id=hint))  # the broker's: and continue
     for aid, a in want.items():
         # Staging: the nodes' prologues run first (prologue.py); Running starts it
         if aid not in have and a.state != AllocationState.STAGING:

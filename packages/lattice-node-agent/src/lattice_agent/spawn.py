@@ -73,6 +73,7 @@ _SHELL = "/bin/sh"
 AGENT_SOCKET = "agent.sock"
 HYDRA_HOST_FILE = "hydra-hosts"
 NODES_FILE = "nodes"  # lattice_agent.membership writes it
+RELEASING_FILE = "releasing"  # likewise: the nodes a pending scale-down will release
 # argv: $0=lattice-wrapper $1=cwd $2=exit file $3=N, then N cgroup procs files, then the
 # command (/bin/sh -c <entrypoint>). The wrapper first writes its own pid into every procs
 # file (joins the allocation's cgroup; `echo` is a builtin, so nothing has forked yet and
@@ -278,6 +279,8 @@ def environment(
             "LATTICE_AGENT_SOCKET": str(alloc_dir / AGENT_SOCKET),
             # the current node list, rewritten on scaling (lattice_agent.membership)
             "LATTICE_NODES_FILE": str(alloc_dir / NODES_FILE),
+            # the nodes about to be released (checkpoint first), absent otherwise
+            "LATTICE_RELEASING_FILE": str(alloc_dir / RELEASING_FILE),
         }
     )
     tags = alloc.spec.tags

@@ -68,9 +68,17 @@ class Changes(msgspec.Struct, kw_only=True):
     nodes: set[str] = msgspec.field(default_factory=set)
     tenants: set[str] = msgspec.field(default_factory=set)
     vclusters: set[str] = msgspec.field(default_factory=set)
+    # allocations that left the state (RemoveAllocations): mirrors drop them
+    removed_allocations: set[str] = msgspec.field(default_factory=set)
 
     def __bool__(self) -> bool:
-        return bool(self.allocations or self.nodes or self.tenants or self.vclusters)
+        return bool(
+            self.allocations
+            or self.nodes
+            or self.tenants
+            or self.vclusters
+            or self.removed_allocations
+        )
 
 
 def allocation_id_for(seq: int, salt: int = 0) -> str:

@@ -8,7 +8,7 @@ change behind these functions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, TypeVar
 
 import msgspec
@@ -134,6 +134,13 @@ def node(s: GlobalState, node_id: str) -> Node | None:
     return None if n is None else _copy(n)
 
 
+def node_liveness(s: GlobalState, node_id: str) -> tuple[NodeState, bool, str] | None:
+    """(state, disabled, conformance group) of a node, no copy: what every heartbeat
+    needs of its node's record; None for an unknown node."""
+    n = s.nodes.get(node_id)
+    return None if n is None else (n.state, n.disabled, n.conformance_group)
+
+
 def nodes(s: GlobalState, states: Collection[NodeState] | None = None) -> list[Node]:
     """Nodes by id, only those in ``states`` when given."""
     return [
@@ -254,17 +261,30 @@ def _usage_fields(u: Any) -> dict[str, Any]:
     }
 
 
+def _with_history(s: GlobalState, history: Iterable[Allocation]) -> list[Allocation]:
+    """The state's allocations plus ``history`` records it no longer holds."""
+    live = s.allocations
+    return [*live.values(), *(a for a in history if a.id not in live)]
+
+
 def tenant_usage(
-    s: GlobalState, tenant: str, *, window_days: float, period_days: float, now: float
+    s: GlobalState,
+    tenant: str,
+    *,
+    window_days: float,
+    period_days: float,
+    now: float,
+    history: Iterable[Allocation] = (),
 ) -> dict[str, Any] | None:
     """A tenant's usage over ``window_days``, its budgets judged over ``period_days``,
-    its quotas and a per-user breakdown; None when the tenant does not exist."""
+    its quotas and a per-user breakdown; None when the tenant does not exist.
+    ``history``: records moved to the history store (lattice_common.history)."""
     t = s.tenants.get(tenant)
     if t is None:
         return None
     window, period = window_days, period_days
     inv = node_gpu_counts(s.nodes.values())
-    allocs = s.allocations.values()
+    allocs = _with_history(s, history)
     u = usage(allocs, now=now, window_days=window, tenant=tenant, node_gpus=inv)
     p = (
         u
@@ -303,7 +323,13 @@ def tenant_usage(
 
 
 def user_usage(
-    s: GlobalState, user: str, *, tenant: str | None, window_days: float, now: float
+    s: GlobalState,
+    user: str,
+    *,
+    tenant: str | None,
+    window_days: float,
+    now: float,
+    history: Iterable[Allocation] = (),
 ) -> dict[str, Any] | None:
     """A user's usage over ``window_days`` in every tenant (or only ``tenant``), with a
     per-tenant breakdown; None when ``tenant`` is given and does not exist."""
@@ -311,7 +337,7 @@ def user_usage(
         return None
     window = window_days
     inv = node_gpu_counts(s.nodes.values())
-    allocs = s.allocations.values()
+    allocs = _with_history(s, history)
     u = usage(allocs, now=now, window_days=window, tenant=tenant, user=user, node_gpus=inv)
     by_tenant = usage_by(
         allocs, "tenant", now=now, window_days=window, tenant=tenant, user=user, node_gpus=inv

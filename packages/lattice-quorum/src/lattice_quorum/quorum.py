@@ -97,6 +97,7 @@ def encode_changes(state: GlobalState, ch: Changes) -> bytes:
             nodes=[state.nodes[k] for k in ch.nodes],
             tenants=[state.tenants[k] for k in ch.tenants],
             vclusters=[state.vclusters[k] for k in ch.vclusters],
+            removed_allocations=sorted(ch.removed_allocations),
         )
     )
 

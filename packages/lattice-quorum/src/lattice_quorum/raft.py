@@ -1,20 +1,29 @@
-"""pysyncobj's ``SyncObj`` with a follower commit-index fix.
+"""pysyncobj's ``SyncObj`` with two follower fixes to its ``append_entries`` handling.
 
-Raft lets a follower advance its commit index only to the last entry it has *verified*
-against the leader's log ("min(leaderCommit, index of last new entry)"). pysyncobj
-advances it to the end of the follower's own log on every ``append_entries`` message
-that carries no ``prevLogIdx`` — the messages of a snapshot transfer. A deposed leader
-that rejoins while the new leader sends it a snapshot (its log was compacted meanwhile)
-therefore applied the uncommitted entries it had appended alone, at its old term, and
-answered their callbacks with SUCCESS: its clients were acknowledged for submissions
-the majority never committed, with allocation ids the majority gave to other
-submissions (found by the chaos suite, seed 42, and pinned by
-``tests/chaos/test_chaos_regressions.py``).
+1. **Commit only what was verified.** Raft lets a follower advance its commit index
+   only to the last entry it verified against the leader's log ("min(leaderCommit,
+   index of last new entry)"). pysyncobj advances it to the end of the follower's own
+   log on every ``append_entries`` message that carries no ``prevLogIdx`` — the
+   messages of a snapshot transfer. A deposed leader that rejoined while the new leader
+   sent it a snapshot (its log was compacted meanwhile) therefore applied the
+   uncommitted entries it had appended alone, at its old term, and answered their
+   callbacks with SUCCESS: its clients were acknowledged for submissions the majority
+   never committed, with allocation ids the majority gave to other submissions (found
+   by the chaos suite, seed 42; ``tests/chaos/test_chaos_regressions.py``). Such a
+   message's commit index is capped at the follower's current one; a snapshot that
+   installs is committed by definition, so once loaded the commit index moves up to it.
 
-The fix caps the commit index such a message may carry at the follower's current one;
-a snapshot that installs is committed by definition, so once it is loaded the commit
-index moves up to it. Entries with ``prevLogIdx`` are untouched: pysyncobj truncates
-the log after the verified prefix before it reads the commit index there.
+2. **Never truncate entries that match.** Raft deletes a follower's entries only from
+   the first one that conflicts with the leader's. pysyncobj deletes everything after
+   ``prevLogIdx`` on every message, so a message re-sent from an older ``nextIndex``
+   (after a reconnect or a stale "reset" answer) cut entries the follower had already
+   acknowledged (logged as "truncating already-applied log entries"); the leader,
+   whose match index never goes down, could count the follower for a commit it no
+   longer held. When every entry of such a message is already in the log at the same
+   term and the log's last entry is of the leader's current term, the message is
+   answered as a heartbeat at the end of the log: by Raft's log matching property an
+   entry of the leader's term can only have come from that leader, so everything up
+   to it is the leader's log and nothing needs deleting.
 """
 
 from __future__ import annotations
@@ -28,12 +37,13 @@ class SafeSyncObj(SyncObj):
     # pysyncobj registers ``self.__onMessageReceived`` with its transport; the name is
     # mangled to ``_SyncObj__onMessageReceived``, so defining it here overrides it.
     def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
-        unverified = (
-            isinstance(message, dict)
-            and message.get("type") == "append_entries"
-            and "prevLogIdx" not in message
-            and "commit_index" in message
-        )
+        if not isinstance(message, dict) or message.get("type") != "append_entries":
+            SyncObj._SyncObj__onMessageReceived(self, node, message)
+            return
+        if "prevLogIdx" in message:
+            SyncObj._SyncObj__onMessageReceived(self, node, self._keep_matching_tail(message))
+            return
+        unverified = "commit_index" in message
         if unverified:
             own = self._SyncObj__raftCommitIndex
             if message["commit_index"] > own:
@@ -44,6 +54,26 @@ class SafeSyncObj(SyncObj):
             if applied > self._SyncObj__raftCommitIndex:  # a snapshot was installed
                 self._SyncObj__raftCommitIndex = applied
                 self._SyncObj__raftLog.setRaftCommitIndex(applied)
+
+    def _keep_matching_tail(self, message: dict[str, Any]) -> dict[str, Any]:
+        """``message`` as it should be handled: unchanged, or, when it would only cut a
+        tail that is already the leader's, a heartbeat at the end of the log."""
+        if "transmission" in message or message.get("term") != self._SyncObj__raftCurrentTerm:
+            return message
+        log = self._SyncObj__raftLog
+        last_idx, last_term = log[-1][1], log[-1][2]
+        prev_idx = message["prevLogIdx"]
+        entries = message.get("entries") or []
+        end = entries[-1][1] if entries else prev_idx
+        if end >= last_idx or last_term != message["term"]:
+            return message  # nothing after the message, or a tail of another term
+        first = log[0][1]
+        if prev_idx < first or log[prev_idx - first][2] != message["prevLogTerm"]:
+            return message  # the leader must go back further: pysyncobj answers that
+        for _, idx, term in entries:
+            if log[idx - first][2] != term:
+                return message  # a conflict: truncating from there is right
+        return {**message, "prevLogIdx": last_idx, "prevLogTerm": last_term, "entries": []}
 
 
 __all__ = ["SafeSyncObj"]

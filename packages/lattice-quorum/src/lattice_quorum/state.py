@@ -26,9 +26,11 @@ from lattice_quorum.handlers import (  # services: installs the registry hook
     assignment,
     audit,
     backup,
+    checkpoints,
     dags,
     nodes,
     pki,
+    retention,
     services,  # noqa: F401
     sessions,
     staging,
@@ -80,6 +82,10 @@ _HANDLERS: dict[type[c.Command], Handler] = {
     c.SuspendAllocation: allocations.suspend_allocation,
     c.RecordCheckpoint: allocations.record_checkpoint,
     c.ResumeAllocation: allocations.resume_allocation,
+    # the checkpoint broker's hints and estimates
+    c.IssueCheckpointHint: checkpoints.issue_checkpoint_hint,
+    c.CompleteCheckpointHint: checkpoints.complete_checkpoint_hint,
+    c.SetCheckpointEstimates: checkpoints.set_checkpoint_estimates,
     # DAGs
     c.SubmitDag: dags.submit_dag,
     c.CancelDag: dags.cancel_dag,
@@ -104,4 +110,6 @@ _HANDLERS: dict[type[c.Command], Handler] = {
     c.InitCertificateAuthority: pki.init_certificate_authority,
     # restoring a backup into a fresh quorum
     c.RestoreBackup: backup.restore_backup,
+    # terminal allocations leaving the state after their retention
+    c.RemoveAllocations: retention.remove_allocations,
 }

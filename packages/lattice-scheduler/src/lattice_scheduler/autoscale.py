@@ -36,11 +36,11 @@ as 0.8 is a fraction, so :func:`utilization` turns them into fractions of the no
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from lattice_common import promql
-from lattice_common.types import SCALE_DOWN, SCALE_HOLD, SCALE_UP, ScalingSpec
+from lattice_common.types import SCALE_DOWN, SCALE_HOLD, SCALE_UP, CheckpointHint, ScalingSpec
 
 #: rejected scale proposals in a row before backing off (spec: Scale-Up Proposal Rejected)
 MAX_REJECTIONS = 3
@@ -250,3 +250,134 @@ def check_metric(metric: str) -> str:
     name, matchers = promql.parse_metric_ref(metric)
     promql.metric_selector(name, matchers)
     return metric.strip()
+
+
+# --- scale-down: checkpoint the nodes being released first ---------------------------
+#
+# Spec (Checkpoint Broker, Reactive Allocation Checkpointing): "When the scheduler
+# decides to scale down a reactive allocation, it triggers a checkpoint on the nodes
+# being released before removing them from the allocation." A checkpointable allocation
+# is therefore scaled down in two steps: the decision records the nodes it will release
+# (``ScalingStatus.releasing``, ``release_at``, ``release_by``) together with a
+# checkpoint hint (the broker's "checkpoint and continue", which the head node's agent
+# runs through the application's protocol), and the nodes go once the hint's outcome is
+# in or at ``release_by``. Both steps live in the quorum, so a restarted scheduler
+# carries on where it was.
+
+RELEASE_WAIT = "wait"
+RELEASE_HINT = "hint"
+RELEASE_GO = "release"
+
+
+@dataclass(frozen=True)
+class ReleaseStep:
+    """``action``: wait (a hint is outstanding), hint (ask for one now: none was issued
+    for this release, or it was lost to a race), release (with ``why`` in words and
+    ``result``: checkpointed, failed (the application could not) or timeout)."""
+
+    action: str
+    why: str = ""
+    result: str = ""
+
+
+def release_step(
+    releasing: Sequence[str],
+    release_at: float | None,
+    release_by: float | None,
+    hint: CheckpointHint | None,
+    hint_outstanding: bool,
+    last_checkpoint: str,
+    now: float,
+    *,
+    checkpointable: bool = True,
+) -> ReleaseStep | None:
+    """What to do next about a scale-down that waits for a checkpoint (None: there is
+    none). Any hint that completed at or after ``release_at`` counts (the broker's own
+    hint issued a moment earlier checkpoints the same state); ``last_checkpoint``: the
+    allocation's last checkpoint id, named in the reason. The deadline wins over an
+    outstanding hint: the nodes are released without the checkpoint. Not
+    ``checkpointable`` (a borrowed node given back by an allocation without a protocol):
+    the application has until the deadline to drain it, no hint."""
+    if not releasing:
+        return None
+    asked = release_at if release_at is not None else -math.inf
+    if hint is not None and hint.done_at is not None and hint.done_at >= asked:
+        if hint.outcome == "ok":
+            why = f"checkpoint {last_checkpoint or hint.id} written first"
+            return ReleaseStep(RELEASE_GO, why, "checkpointed")
+        return ReleaseStep(RELEASE_GO, f"released without a checkpoint ({hint.outcome})", "failed")
+    if release_by is not None and now >= release_by:
+        waited = now - asked if release_at is not None else 0.0
+        why = f"released without a checkpoint (none after {waited:.0f} s)"
+        return ReleaseStep(RELEASE_GO, why, "timeout")
+    if hint_outstanding or not checkpointable:
+        return ReleaseStep(RELEASE_WAIT)
+    return ReleaseStep(RELEASE_HINT)
+
+
+# --- borrowed nodes ------------------------------------------------------------------
+#
+# Spec (Autoscaling, Preemption Interaction): borrowed nodes are valid targets for
+# reactive scaling beyond min_nodes; when the home vCluster reclaims one the reactive
+# allocation scales down gracefully; borrowed nodes get a 30 s grace (Node Lifecycle:
+# "Borrowed nodes should be reclaimed quickly"). So the autoscaler, not preemption,
+# gives such a node back: released through the same two steps as any scale-down, with
+# the borrowed-node grace as the deadline.
+
+
+def reclaimed_node(
+    assigned: Sequence[str],
+    homes: Mapping[str, str],
+    vcluster: str,
+    wanted_by: Collection[str],
+) -> str:
+    """The node a reactive allocation of ``vcluster`` should give back now: its most
+    recently added borrowed node (home vCluster neither its own nor shared) whose home
+    vCluster has work waiting (``wanted_by``); never its head node. "" when none."""
+    for nid in reversed(assigned[1:]):
+        home = homes.get(nid, "")
+        if home and home != vcluster and home in wanted_by:
+            return nid
+    return ""
+
+
+def gives_back_by_scaling(
+    assigned: Sequence[str], homes: Mapping[str, str], vcluster: str, min_nodes: int, lender: str
+) -> bool:
+    """A reactive allocation of ``vcluster`` returns the nodes it borrowed from
+    ``lender`` by scaling down (so preemption leaves it alone): none of them is its head
+    node and it keeps at least ``min_nodes`` without them."""
+    borrowed = [n for n in assigned if homes.get(n, "") == lender and lender != vcluster]
+    return (
+        bool(borrowed)
+        and assigned[0] not in borrowed
+        and len(assigned) - len(borrowed) >= max(1, min_nodes)
+    )
+
+
+# --- metric oscillation ------------------------------------------------------------------
+#
+# Spec (Autoscaling, Metric Oscillation): the cooldown damps oscillation around the
+# target; "if scale events alternate for more than 5 cycles: alert raised suggesting the
+# user adjust their target or increase cooldown". No automatic target adjustment.
+
+#: direction changes in a row beyond which the scale events count as oscillating
+OSCILLATION_ALTERNATIONS = 5
+
+
+def alternations(events: Sequence[str]) -> int:
+    """Direction changes in the unbroken alternating run of scale events (up/down) that
+    ends with the newest: ``up down up`` is 2, ``up up down`` is 1."""
+    seq = list(events)
+    n = 0
+    for before, after in zip(reversed(seq[:-1]), reversed(seq[1:]), strict=True):
+        if before == after:
+            break
+        n += 1
+    return n
+
+
+def oscillating(events: Sequence[str]) -> bool:
+    """The scale events alternated for more than :data:`OSCILLATION_ALTERNATIONS`
+    cycles."""
+    return alternations(events) > OSCILLATION_ALTERNATIONS

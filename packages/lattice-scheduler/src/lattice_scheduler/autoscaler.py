@@ -15,6 +15,23 @@ decision proposed to the quorum.
   where its entrypoint runs). The decision and its reason travel in the same command
   (``ScalingStatus``); a rejected proposal counts towards the backoff and is retried at
   the next evaluation.
+* down, checkpointable allocation (spec: Reactive Allocation Checkpointing): first the
+  nodes to release go into ``ScalingStatus.releasing`` with a checkpoint hint (the
+  broker's checkpoint-and-continue, run by the head node's agent through the
+  application's protocol), in one Batch; the ``ScaleAllocation`` that removes them
+  follows, on the scheduler's next tick, once the hint's outcome is in or after
+  ``release_timeout`` (``checkpoint.checkpoint_timeout_seconds``), whichever comes first
+  (:func:`autoscale.release_step`). No metric evaluation meanwhile.
+* borrowed nodes: a scale-up with no free node in the allocation's own (or the shared)
+  pool borrows an idle node of a vCluster that lends (only ever beyond ``min_nodes``,
+  which the start placed). When that node's home vCluster has work waiting, the node
+  is given back through the same two steps with the borrowed-node grace
+  (``node_agent.borrowed_grace_period_seconds``, 30 s) as the deadline, and the
+  scheduler's preemption leaves the allocation alone meanwhile
+  (``autoscale.gives_back_by_scaling``).
+* oscillation: scale events that alternate for more than 5 cycles set
+  ``lattice_autoscaling_oscillating_allocations`` (the alert rule fires on it) and log
+  a warning suggesting a wider target band or a longer cooldown.
 * hold: when what blocks the allocation changes (quota, no free node, no metric,
   backoff, at max_nodes, or nothing any more), ``SetScalingStatus``.
 
@@ -52,9 +69,10 @@ from lattice_common.types import (
     LifecycleType,
     ScalingSpec,
     ScalingStatus,
+    SchedulerType,
 )
 from lattice_common.watch import StateMirror
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from lattice_scheduler import autoscale
 from lattice_scheduler.solver import solve
@@ -73,6 +91,18 @@ QUERY_FAILURES = Counter(
 PROPOSALS = Counter(
     "lattice_autoscaling_proposals_total",
     "Scale proposals sent to the quorum, by result (accepted, rejected, error)",
+    ["result"],
+)
+
+OSCILLATING = Gauge(
+    "lattice_autoscaling_oscillating_allocations",
+    "Reactive allocations whose scale events alternated up/down for more than 5 cycles",
+)
+RELEASES = Counter(
+    "lattice_autoscaling_releases_total",
+    "Scale-downs that waited (for a checkpoint, or a reclaimed borrowed node's grace), by "
+    "how the nodes went (checkpointed; failed: the application could not checkpoint; "
+    "timeout: no outcome in time)",
     ["result"],
 )
 
@@ -130,6 +160,7 @@ class _Track:
     rejections: int = 0
     last_rejection_at: float | None = None
     started_at: float | None = None
+    events: deque[str] = field(default_factory=lambda: deque(maxlen=16))  # up/down, in order
 
 
 Query = Callable[[str, str, Mapping[str, str], float], list[Any]]
@@ -147,6 +178,8 @@ class Autoscaler:
         *,
         tsdb_url: str = "",
         default_interval: float = 60.0,
+        release_timeout: float = 600.0,
+        borrowed_grace: float = 30.0,
         query: Query = query_tsdb,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -154,6 +187,8 @@ class Autoscaler:
         self.vclusters = set(vclusters)
         self.tsdb_url = tsdb_url
         self.default_interval = default_interval
+        self.release_timeout = release_timeout
+        self.borrowed_grace = borrowed_grace
         self.query = query
         self.clock = clock
         self.tracks: dict[str, _Track] = {}
@@ -183,13 +218,23 @@ class Autoscaler:
             t = self.tracks.setdefault(a.id, _Track())
             if t.started_at != a.started_at:  # (re)started: windows begin afresh
                 t.samples.clear()
+                t.events.clear()
                 t.started_at = a.started_at
                 t.rejections, t.last_rejection_at = 0, None
+            if a.scaling_status is not None and a.scaling_status.releasing:
+                await self._release(m, a, t, now)  # every tick: the nodes go promptly
+                continue
+            node, home = self._reclaimed(m, a)
+            if node:  # every tick: the home vCluster wants it back
+                why = f"vCluster {home} reclaims borrowed node {node}"
+                await self._prepare_release(a, node, why, now, by=now + self.borrowed_grace)
+                continue
             if now < t.next_at:
                 continue
             spec = self.spec_of(a)
             t.next_at = now + spec.evaluation_interval
             await self._evaluate_one(m, a, spec, t, now)
+        OSCILLATING.set(sum(autoscale.oscillating(t.events) for t in self.tracks.values()))
 
     async def _evaluate_one(
         self, m: StateMirror, a: Allocation, spec: ScalingSpec, t: _Track, now: float
@@ -226,6 +271,10 @@ class Autoscaler:
             removable = a.assigned_nodes[1:]
             if d.action != SCALE_DOWN or not removable:
                 return
+            if a.spec.checkpointable and a.spec.scaling is not None:
+                by = now + self.release_timeout
+                await self._prepare_release(a, removable[-1], d.reason, now, by=by)
+                return
             cmd = c.ScaleAllocation(allocation_id=a.id, remove_node_ids=[removable[-1]])
             target = state.current - 1
         cmd = msgspec.structs.replace(
@@ -238,6 +287,111 @@ class Autoscaler:
             ),
         )
         await self._propose_scale(a, cmd, t, now, d)
+
+    def _reclaimed(self, m: StateMirror, a: Allocation) -> tuple[str, str]:
+        """(borrowed node to give back, its home vCluster), or ("", "")."""
+        if a.spec.scaling is None:
+            return "", ""
+        homes = {nid: n.home_vcluster for nid in a.assigned_nodes if (n := m.nodes.get(nid))}
+        if not any(h and h != a.spec.vcluster for h in homes.values()):
+            return "", ""
+        wanted = {m.allocations[aid].spec.vcluster for aid in m.pending}
+        node = autoscale.reclaimed_node(a.assigned_nodes, homes, a.spec.vcluster, wanted)
+        return node, homes.get(node, "")
+
+    async def _prepare_release(
+        self, a: Allocation, node: str, reason: str, now: float, *, by: float
+    ) -> None:
+        """The first step of a scale-down that waits: the node to release and the
+        deadline ``by`` recorded, the checkpoint hint issued when the allocation has a
+        protocol (if one is outstanding already, its outcome serves). The decision
+        counts from here for the cooldown."""
+        status = ScalingStatus(
+            target=len(a.assigned_nodes) - 1,
+            last_decision=SCALE_DOWN,
+            reason=reason,
+            at=now,
+            releasing=[node],
+            release_at=now,
+            release_by=by,
+        )
+        cmds: list[c.Command] = [c.SetScalingStatus(statuses={a.id: status}, now=now)]
+        if a.spec.checkpointable and not _hint_outstanding(a):
+            cmds.append(self._hint(a, node, now))
+        try:
+            res = await self.quorum.propose(c.Batch(commands=cmds))
+        except LatticeError as e:
+            log.warning("scale-down of %s not started: %s", a.id, e.message)
+            return
+        errors = [r.error for r in res.results or [] if r.error is not None]
+        log.info(
+            "allocation %s: releasing %s (in %.0f s at the latest): %s%s",
+            a.id,
+            node,
+            by - now,
+            reason,
+            f" ({errors[0].get('message')})" if errors else "",
+        )
+
+    def _hint(self, a: Allocation, node: str, now: float) -> c.IssueCheckpointHint:
+        return c.IssueCheckpointHint(
+            allocation_id=a.id,
+            epoch=a.checkpoint_hints,
+            reason=f"scale_down: releasing {node}",
+            now=now,
+        )
+
+    async def _release(self, m: StateMirror, a: Allocation, t: _Track, now: float) -> None:
+        """The second step: release the nodes once the checkpoint is in or the time is
+        up (a lost hint is issued again meanwhile)."""
+        status = a.scaling_status
+        assert status is not None
+        ck = a.last_checkpoint
+        step = autoscale.release_step(
+            status.releasing,
+            status.release_at,
+            status.release_by,
+            a.checkpoint_hint,
+            _hint_outstanding(a),
+            ck.id if ck is not None else "",
+            now,
+            checkpointable=a.spec.checkpointable,
+        )
+        if step is None or step.action == autoscale.RELEASE_WAIT:
+            return
+        if step.action == autoscale.RELEASE_HINT:
+            try:
+                await self.quorum.propose(self._hint(a, status.releasing[0], now))
+            except LatticeError as e:
+                log.info("checkpoint hint for %s not issued: %s", a.id, e.message)
+            return
+        gone = [n for n in status.releasing if n in a.assigned_nodes[1:]]
+        done = ScalingStatus(
+            target=len(a.assigned_nodes) - len(gone),
+            last_decision=SCALE_DOWN,
+            reason=f"{status.reason}; {step.why}"[:200],
+            at=now,
+        )
+        if not gone:  # nothing left to release (changed meanwhile): just settle
+            await self._settle(a, done)
+            return
+        cmd = c.ScaleAllocation(
+            allocation_id=a.id,
+            remove_node_ids=gone,
+            expected_revision=m.revision,
+            vcluster=a.spec.vcluster,
+            now=now,
+            status=done,
+        )
+        d = autoscale.Decision(SCALE_DOWN, done.reason)
+        if await self._propose_scale(a, cmd, t, now, d):
+            RELEASES.labels(step.result).inc()
+
+    async def _settle(self, a: Allocation, status: ScalingStatus) -> None:
+        try:
+            await self.quorum.propose(c.SetScalingStatus(statuses={a.id: status}, now=status.at))
+        except LatticeError as e:
+            log.info("could not publish the scaling status of %s: %s", a.id, e.message)
 
     async def _metric(self, m: StateMirror, a: Allocation, spec: ScalingSpec) -> float | None:
         try:
@@ -289,15 +443,30 @@ class Autoscaler:
         )
         groups = {n.group for nid in a.assigned_nodes if (n := m.nodes.get(nid))}
         near = {nid: n for nid, n in m.nodes.items() if n.group in groups}
-        for pool in (near, m.nodes):
+        waiting = {m.allocations[aid].spec.vcluster for aid in m.pending}
+        lenders = [  # lending idle nodes, with no work of their own waiting (spec: elastic)
+            name
+            for name, v in sorted(m.vclusters.items())
+            if name != a.spec.vcluster
+            and v.allow_borrowing
+            and v.scheduler_type != SchedulerType.SENSITIVE_RESERVATION
+            and name not in waiting
+        ]
+        tries = [(near, a.spec.vcluster), (m.nodes, a.spec.vcluster)]
+        tries += [(m.nodes, lender) for lender in lenders]  # borrowed, beyond min_nodes
+        for pool, vcluster in tries:
+            # the trial as if submitted to the pool's vCluster: the solver takes its pool
+            probe = msgspec.structs.replace(
+                trial, spec=msgspec.structs.replace(trial.spec, vcluster=vcluster)
+            )
             res = solve(
-                [trial],
+                [probe],
                 pool,
                 [],
                 score=lambda _a: 0.0,
                 now=self.clock(),
                 backfill_depth=0,
-                vcluster=a.spec.vcluster,
+                vcluster=vcluster,
             )
             if res.proposals:
                 return res.proposals[0].node_ids[0]
@@ -320,7 +489,7 @@ class Autoscaler:
         t: _Track,
         now: float,
         d: autoscale.Decision,
-    ) -> None:
+    ) -> bool:
         try:
             res = await self.quorum.propose(cmd)
         except LatticeError as e:
@@ -328,7 +497,7 @@ class Autoscaler:
             t.rejections += 1
             t.last_rejection_at = now
             log.warning("scale proposal for %s failed: %s", a.id, e.message)
-            return
+            return False
         if res.error is not None:
             PROPOSALS.labels("rejected").inc()
             t.rejections += 1
@@ -340,10 +509,18 @@ class Autoscaler:
                 t.rejections,
                 res.error.get("message"),
             )
-            return
+            return False
         PROPOSALS.labels("accepted").inc()
         t.rejections, t.last_rejection_at = 0, None
         t.samples.clear()  # a new size: the windows start again
+        t.events.append(d.action)
+        if autoscale.oscillating(t.events):
+            log.warning(
+                "allocation %s: scale events alternated %d times in a row; widen the gap "
+                "between its target and scale_down_threshold or lengthen its cooldown",
+                a.id,
+                autoscale.alternations(t.events),
+            )
         log.info(
             "scaled %s %s to %d nodes: %s",
             a.id,
@@ -351,3 +528,10 @@ class Autoscaler:
             len(res.allocation.assigned_nodes) if res.allocation else -1,
             d.reason,
         )
+        return True
+
+
+def _hint_outstanding(a: Allocation) -> bool:
+    """A checkpoint hint of this run has no outcome yet (as the quorum counts runs)."""
+    h = a.checkpoint_hint
+    return h is not None and h.done_at is None and h.run == a.requeue_count + a.preempted_count

@@ -497,9 +497,13 @@ def f8_checkpoint_efficiency(a: Allocation, ctx: ScoringContext) -> float:
         f₈(j) = 1.0 / (1.0 + estimated_checkpoint_minutes(j))
 
     "Jobs with fast checkpointing are more attractive to schedule on
-    borrowed/preemptible nodes." 0 minutes -> 1.0, 1 -> 0.5, 9 -> 0.1. With no
-    estimate, ``ctx.default_checkpoint_minutes`` (10, the checkpoint timeout) -> 1/11."""
+    borrowed/preemptible nodes." 0 minutes -> 1.0, 1 -> 0.5, 9 -> 0.1. The estimate:
+    ``ctx.checkpoint_minutes``, else the allocation's ``checkpoint_minutes`` (published
+    by the checkpoint broker from measured checkpoints and storage bandwidth), else
+    ``ctx.default_checkpoint_minutes`` (10, the checkpoint timeout) -> 1/11."""
     m = ctx.checkpoint_minutes.get(a.id)
+    if m is None:  # the checkpoint broker's estimate, published on the allocation
+        m = a.checkpoint_minutes
     if m is None or m != m:
         m = ctx.default_checkpoint_minutes
     return checkpoint_factor(m)

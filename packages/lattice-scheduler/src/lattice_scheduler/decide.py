@@ -49,7 +49,7 @@ from lattice_common.types import (
 )
 from lattice_common.watch import StateMirror
 
-from lattice_scheduler import cost, intranode, reasons
+from lattice_scheduler import autoscale, cost, intranode, reasons
 from lattice_scheduler.placement import (
     eligible,
     limit_mutexes,
@@ -556,6 +556,21 @@ def preempt_for(
             if a.spec.vcluster != vc
             and any(n in nodes and nodes[n].home_vcluster == vc for n in a.assigned_nodes)
         )
+        # reactive borrowers give the borrowed nodes back by scaling down, within the
+        # borrowed-node grace (lattice_scheduler.autoscaler): not preempted for them
+        homes = {nid: n.home_vcluster for nid, n in nodes.items()} if reclaimable else {}
+        giving_back = {
+            a.id
+            for a in running
+            if a.id in reclaimable
+            and a.spec.lifecycle == LifecycleType.REACTIVE
+            and autoscale.gives_back_by_scaling(
+                a.assigned_nodes, homes, a.spec.vcluster, a.spec.min_nodes, vc
+            )
+        }
+        if giving_back:
+            running = [a for a in running if a.id not in giving_back]
+            reclaimable = reclaimable - giving_back
     top = max(allocs[i].spec.preemption_class for i in occupied)
     if not reclaimable and not any(a.spec.preemption_class < top for a in running):
         return []

@@ -79,6 +79,10 @@ def build_scheduler(args: argparse.Namespace) -> Scheduler:
         vclusters,
         tsdb_url=cfg.telemetry.tsdb_endpoint,
         default_interval=cfg.scheduling.scaling_evaluation_interval_seconds,
+        # a scale-down of a checkpointable allocation waits this long for its checkpoint
+        release_timeout=cfg.checkpoint.checkpoint_timeout_seconds,
+        # a borrowed node its home vCluster reclaims is given back within this grace
+        borrowed_grace=cfg.node_agent.borrowed_grace_period_seconds,
     )
     return Scheduler(
         quorum,

@@ -343,6 +343,14 @@ class LatticeClient:
             await self._call("POST", f"/allocations/{_seg(alloc_id)}/suspend", body={})
         )
 
+    async def checkpoint(self, alloc_id: str) -> Allocation:
+        """Checkpoint a Running allocation now and let it run on (it must have been
+        submitted with a checkpoint protocol). Returns it with the checkpoint hint just
+        recorded (``checkpoint_hint``); its ``last_checkpoint`` is set once written."""
+        return Allocation.from_dict(
+            await self._call("POST", f"/allocations/{_seg(alloc_id)}/checkpoint", body={})
+        )
+
     async def resume(self, alloc_id: str) -> Allocation:
         """Put a Suspended allocation back in the queue at once; it resumes from its
         checkpoint (LATTICE_RESUME=1, LATTICE_CHECKPOINT_PATH). Returns it Pending."""

@@ -30,6 +30,9 @@ FAST = {
     "walltime_grace": 1.0,
     # no TSDB unless a test asks for one (tsdb=True): agents would push to it for nothing
     "tsdb": False,
+    # nor a checkpoint broker (checkpoint_broker=True): its hints would change what
+    # checkpoint tests see
+    "checkpoint_broker": False,
 }
 
 

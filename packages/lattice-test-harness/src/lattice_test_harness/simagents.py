@@ -14,6 +14,18 @@ Nodes share a few HTTP/2 connections per process (one per ``nodes_per_channel``
 nodes: a server allows 100 concurrent streams per connection and every node keeps a
 stream open). Heartbeats follow the leader hint for the whole process.
 
+Heartbeats are coalesced (spec: "node agents batch heartbeats"): the heartbeats a
+process's nodes send within ``coalesce_window`` seconds go to the leader as one
+``BatchHeartbeat`` call, each answered on its own; ``--coalesce-window 0`` sends one
+``Heartbeat`` call per node and heartbeat, as the real agent does.
+
+Desired-state streams are spread over the quorum members by node (any member in sync
+serves one; ``--streams-on-leader`` sends them all to the leader) and a lost stream
+comes back after a jittered, growing delay (0.5 s doubling to 8 s), so that the
+thousands of streams a failed member held do not reconnect in one burst. An agent
+reconnecting tells the generation it has (``known_generation``); a member sends its
+set again only once it changed.
+
 As a process::
 
     python -m lattice_test_harness.simagents --nodes 2500 --offset 0 \\
@@ -75,6 +87,9 @@ class SimOptions:
     group_size: int = 78  # nodes per dragonfly group
     nodes_per_channel: int = 50
     register_concurrency: int = 64
+    coalesce_window: float = 0.1  # seconds; 0 = one Heartbeat call per heartbeat
+    max_batch: int = 2000  # heartbeats per BatchHeartbeat call
+    spread_streams: bool = True  # desired-state streams over all members, by node
     token: str | None = None
     home_vcluster: str = ""
 
@@ -84,6 +99,7 @@ class Counters:
     registered: int = 0
     streams_ready: int = 0
     heartbeats: int = 0
+    heartbeat_batches: int = 0  # BatchHeartbeat calls (0 when not coalesced)
     heartbeat_errors: int = 0
     rate_limited: int = 0
     reregistered: int = 0
@@ -182,6 +198,91 @@ class Transport:
         self.channels.clear()
 
 
+class BeatRefused(Exception):
+    """The leader refused one node's heartbeat in a batch (its error code)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class Coalescer:
+    """Collects the process's heartbeats for ``window`` seconds and sends them as one
+    BatchHeartbeat; every node gets its own answer (or refusal) back."""
+
+    def __init__(self, fleet: SimProcess, window: float, max_batch: int) -> None:
+        self.fleet = fleet
+        self.window = window
+        self.max_batch = max(1, max_batch)
+        self.queue: list[tuple[v1.HeartbeatRequest, asyncio.Future[v1.HeartbeatResponse]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+
+    async def send(self, req: v1.HeartbeatRequest) -> v1.HeartbeatResponse:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[v1.HeartbeatResponse] = loop.create_future()
+        self.queue.append((req, fut))
+        if len(self.queue) >= self.max_batch:
+            self._flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.window, self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self.queue = self.queue, []
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send(
+        self, batch: list[tuple[v1.HeartbeatRequest, asyncio.Future[v1.HeartbeatResponse]]]
+    ) -> None:
+        f = self.fleet
+        t = f.transport
+        ep = t.leader
+        try:
+            # a channel of its own (index -1), apart from the nodes' streams
+            resp = await t.stub(-1, ep).batch_heartbeat(
+                v1.BatchHeartbeatRequest(heartbeats=[req for req, _ in batch]), timeout=30
+            )
+        except Exception as e:  # every node of the batch sees the call's failure
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e)
+            return
+        f.counters.heartbeat_batches += 1
+        if resp.leader_hint is not None and not resp.results:
+            answers = [v1.HeartbeatResponse(leader_hint=resp.leader_hint)] * len(batch)
+            for (_, fut), answer in zip(batch, answers, strict=True):
+                if not fut.done():
+                    fut.set_result(answer)
+            return
+        for (_, fut), res in zip(batch, resp.results, strict=False):
+            if fut.done():
+                continue
+            if res.error is not None:
+                fut.set_exception(BeatRefused(res.error.code, res.error.message))
+            else:
+                fut.set_result(
+                    v1.HeartbeatResponse(generation=res.generation, reregister=res.reregister)
+                )
+        for _, fut in batch[len(resp.results) :]:
+            if not fut.done():
+                fut.set_exception(BeatRefused("internal", "no answer in the batch"))
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for task in list(self._sending):
+            task.cancel()
+        await asyncio.gather(*self._sending, return_exceptions=True)
+
+
 class SimNode:
     def __init__(self, index: int, fleet: SimProcess) -> None:
         o = fleet.opts
@@ -232,20 +333,21 @@ class SimNode:
         self.sequence += 1
         ep = t.leader
         t0 = time.perf_counter()
-        resp = await t.stub(self.index, ep).heartbeat(
-            v1.HeartbeatRequest(
-                node_id=self.node_id,
-                sequence=self.sequence,
-                allocations=[to_message(r, v1.AllocationReport) for r in self.runtime.reports()],
-                generation=self.generation,
-                timestamp=time.time(),
-                health=v1.HealthSummary(
-                    conformance_fingerprint=f"fp-{self.global_index % len(_KINDS)}",
-                    telemetry_sources=["proc"],
-                ),
+        req = v1.HeartbeatRequest(
+            node_id=self.node_id,
+            sequence=self.sequence,
+            allocations=[to_message(r, v1.AllocationReport) for r in self.runtime.reports()],
+            generation=self.generation,
+            timestamp=time.time(),
+            health=v1.HealthSummary(
+                conformance_fingerprint=f"fp-{self.global_index % len(_KINDS)}",
+                telemetry_sources=["proc"],
             ),
-            timeout=30,
         )
+        if f.coalescer is not None:
+            resp = await f.coalescer.send(req)
+        else:
+            resp = await t.stub(self.index, ep).heartbeat(req, timeout=30)
         f.counters.heartbeat_latency_s.append(time.perf_counter() - t0)
         f.counters.heartbeats += 1
         if resp.leader_hint:
@@ -273,6 +375,10 @@ class SimNode:
                 f.counters.heartbeat_errors += 1
                 if e.status == Status.RESOURCE_EXHAUSTED:
                     f.counters.rate_limited += 1
+            except BeatRefused as e:
+                f.counters.heartbeat_errors += 1
+                if e.code == "rate_limited":
+                    f.counters.rate_limited += 1
             except TRANSPORT_ERRORS:
                 f.counters.heartbeat_errors += 1
                 f.transport.failed(ep)
@@ -287,14 +393,20 @@ class SimNode:
     async def desired_loop(self) -> None:
         f = self.fleet
         t = f.transport
+        # any member in sync serves a desired-state stream (not only the leader): the
+        # streams are spread over the members by node, so neither the leader's steady
+        # load nor a failed member's reconnecting streams fall on one member
+        ep = self.global_index % len(t.endpoints) if f.opts.spread_streams else -1
+        delay = 0.5
         while True:
-            ep = t.leader
+            here = t.leader if ep < 0 else ep
             try:
-                async for ds in t.stub(self.index, ep).watch_desired_state(
+                async for ds in t.stub(self.index, here).watch_desired_state(
                     v1.WatchDesiredStateRequest(
                         node_id=self.node_id, known_generation=self.generation
                     )
                 ):
+                    delay = 0.5
                     self.apply_desired(
                         ds.generation, [from_message(a, Allocation) for a in ds.allocations]
                     )
@@ -303,9 +415,15 @@ class SimNode:
             except (GRPCError, *TRANSPORT_ERRORS) as e:
                 f.counters.stream_errors += 1
                 log.debug("desired-state stream of %s lost: %s", self.node_id, e)
-                if not isinstance(e, GRPCError):
-                    t.failed(ep)
-            await asyncio.sleep(0.5 + random.random())
+                gone = not isinstance(e, GRPCError) or e.status == Status.UNAVAILABLE
+                if gone and ep < 0:
+                    t.failed(here)
+                elif gone:
+                    ep = (ep + 1) % len(t.endpoints)
+            # jittered and growing: thousands of streams lost at once (a member gone)
+            # come back spread over seconds, not in one burst
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 8.0)
 
     def apply_desired(self, generation: int, desired: list[Allocation]) -> None:
         self.fleet.counters.desired_updates += 1
@@ -336,6 +454,11 @@ class SimProcess:
         self.opts = opts
         self.counters = Counters()
         self.transport = Transport(opts)
+        self.coalescer = (
+            Coalescer(self, opts.coalesce_window, opts.max_batch)
+            if opts.coalesce_window > 0
+            else None
+        )
         self.running = asyncio.Event()  # cleared: heartbeats paused
         self.running.set()
         self.nodes = [SimNode(i, self) for i in range(opts.nodes)]
@@ -363,6 +486,8 @@ class SimProcess:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.coalescer is not None:
+            await self.coalescer.close()
         self.transport.close()
 
 
@@ -381,6 +506,17 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=78)
     p.add_argument("--nodes-per-channel", type=int, default=50)
     p.add_argument("--home-vcluster", default="")
+    p.add_argument(
+        "--coalesce-window",
+        type=float,
+        default=0.1,
+        help="seconds of heartbeats sent as one BatchHeartbeat; 0 = one Heartbeat each",
+    )
+    p.add_argument(
+        "--streams-on-leader",
+        action="store_true",
+        help="every desired-state stream to the leader (default: spread over the members)",
+    )
     p.add_argument("--status-file", default="", help="JSON counters, rewritten every second")
     p.add_argument("--ready-timeout", type=float, default=600.0)
     p.add_argument("--profile", default="", help="write a cProfile of the run to this file")
@@ -400,6 +536,8 @@ async def _amain(a: argparse.Namespace) -> None:
         nodes_per_channel=a.nodes_per_channel,
         token=os.environ.get("LATTICE_AGENT_TOKEN") or None,
         home_vcluster=a.home_vcluster,
+        coalesce_window=a.coalesce_window,
+        spread_streams=not a.streams_on_leader,
     )
     proc = SimProcess(opts)
     loop = asyncio.get_running_loop()
@@ -479,6 +617,7 @@ class SimFleet:
         heartbeat_interval: float = 10.0,
         run_seconds: float = 1.0,
         prefix: str = "sim",
+        coalesce_window: float = 0.1,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
     ) -> None:
@@ -489,6 +628,7 @@ class SimFleet:
         self.heartbeat_interval = heartbeat_interval
         self.run_seconds = run_seconds
         self.prefix = prefix
+        self.coalesce_window = coalesce_window
         self.extra_args = tuple(extra_args)
         self.env = {**os.environ, **(env or {})}
         self.procs: list[subprocess.Popen[str]] = []
@@ -526,6 +666,8 @@ class SimFleet:
                             str(self.run_seconds),
                             "--status-file",
                             str(self.status_path(k)),
+                            "--coalesce-window",
+                            str(self.coalesce_window),
                             *self.extra_args,
                         ],
                         stdout=subprocess.PIPE,

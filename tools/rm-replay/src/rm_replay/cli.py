@@ -349,6 +349,14 @@ def run_cmd(
             help="How long a preempted job checkpoints before it frees its nodes.",
         ),
     ] = 60.0,
+    checkpoint_broker: Annotated[
+        bool,
+        typer.Option(
+            "--checkpoint-broker/--no-checkpoint-broker",
+            help="Without the broker every preempted job is stopped at once and its run's "
+            "work is lost (to compare with: checkpoint.lost_node_hours).",
+        ),
+    ] = True,
     sample_interval: Annotated[
         float,
         typer.Option("--sample-interval", min=0.001, help="Seconds between utilization samples."),
@@ -420,6 +428,7 @@ def run_cmd(
                 seed=seed,
                 checkpoint_success_rate=checkpoint_success_rate,
                 checkpoint_seconds=checkpoint_seconds,
+                checkpoint_broker=checkpoint_broker,
                 sample_interval=sample_interval,
                 budget_period_days=budget_period_days,
                 default_vcluster=default_vcluster,

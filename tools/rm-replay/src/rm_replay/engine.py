@@ -32,6 +32,22 @@ allocation does not claim its nodes) and with them ``sensitive_pool_size``.
   ``random.Random(f"{seed}:{allocation}:{attempt}")`` (independent of event order):
   on success the work done before the preemption is kept, otherwise it is lost. A
   victim whose run ends during its checkpoint simply ends;
+* **without a checkpoint** (the submission says ``checkpoint: none``, or the replay
+  runs with ``checkpoint_broker=False``, the counterfactual of Lattice without its
+  checkpoint broker: preemption is SIGTERM), a victim releases its nodes at once and
+  its work since its last start is lost; that work, and that of failed checkpoints,
+  is counted in ``JobRecord.lost_node_seconds`` (node-seconds to compute again);
+* **reactive allocations** (``lifecycle: reactive``, a node range and a ``load``
+  profile): started at ``min_nodes``, then every ``evaluation_interval`` of their run
+  the real ``lattice_scheduler.autoscale.decide`` reads the samples of their load
+  profile and they take one free node of their pool (the first by id that meets their
+  constraints, within the tenant's ``max_nodes``) or release their newest one, as the
+  live autoscaler's ``ScaleAllocation`` does. A preempted one restarts at
+  ``min_nodes``. A borrowed node (placed by the scheduler's elastic borrowing) whose
+  home vCluster has work waiting is given back at the next evaluation, as the live
+  autoscaler gives it back within the borrowed-node grace (and the scheduler does not
+  preempt the allocation for it). Not modelled: the checkpoint before a scale-down (the
+  application's state is not simulated; the node goes at the decision);
 * **cancel** at the trace's cancel time (the user withdrew an allocation that never
   started in the captured system): still Pending (also after a preemption and
   requeue), it leaves the queue without running; running or checkpointing in the
@@ -83,12 +99,15 @@ from lattice_common.types import (
     LifecycleType,
     Node,
     NodeState,
+    ScalingSpec,
     SchedulerType,
     Tenant,
     VCluster,
 )
 from lattice_common.watch import StateMirror
+from lattice_scheduler import autoscale
 from lattice_scheduler.cost import gpu_hours
+from lattice_scheduler.filters import node_satisfies
 from lattice_scheduler.preemption import NEVER_PREEMPTED_CLASS, PreemptionPolicy
 from lattice_scheduler.profiles import weights_as_mapping
 from lattice_scheduler.topology import TopologyModel
@@ -120,6 +139,9 @@ _END = 0
 _CHECKPOINT = 1
 _ARRIVAL = 2
 _CANCEL = 3
+_SCALE = 4  # a reactive allocation's autoscaling evaluation
+#: samples of a reactive allocation's metric kept for the decision's windows
+_SAMPLES_KEPT = 64
 
 
 class _ScoringIndex:
@@ -197,10 +219,13 @@ class _Job:
     """One allocation's simulation state (the JobRecord is built from it at the end)."""
 
     __slots__ = (
+        "acct_t",
         "alloc",
+        "at_risk",
         "backfilled",
         "borrow_homes",
         "cancel_at",
+        "checkpointable",
         "ckpt_att",
         "ckpt_ok",
         "conformance_fitness",
@@ -214,7 +239,9 @@ class _Job:
         "gpus_per_node",
         "groups_spanned",
         "key",
+        "last_scale",
         "least",
+        "lost_node_seconds",
         "node_seconds",
         "open_ended",
         "outcome",
@@ -222,8 +249,12 @@ class _Job:
         "preempted_count",
         "released",
         "remaining",
+        "run_ns0",
         "run_start",
         "runtime",
+        "samples",
+        "scale_downs",
+        "scale_ups",
         "vc",
     )
 
@@ -268,6 +299,16 @@ class _Job:
         self.key = (c.gpu_type, c.gpu_count, c.memory_gb, tuple(c.features))
         # the fewest nodes it can start on (a node range may shrink to min_nodes)
         self.least = alloc.spec.min_nodes or max(1, alloc.spec.nodes)
+        # node-seconds are settled up to acct_t (a reactive allocation's count changes)
+        self.acct_t = 0.0
+        self.run_ns0 = 0.0  # node_seconds when its current run started
+        self.at_risk = 0.0  # node-seconds of its current run, at its preemption
+        self.lost_node_seconds = 0.0
+        self.checkpointable = ev.checkpoint != "none"
+        self.samples: list[autoscale.Sample] = []
+        self.last_scale: float | None = None
+        self.scale_ups = 0
+        self.scale_downs = 0
 
 
 def cancel_times(events: Iterable[TraceEvent]) -> dict[str, float]:
@@ -341,6 +382,14 @@ def jobs_from_events(
                 hint='Add a complete event with "duration", a "runtime" in the submit, or a walltime.',
             )
         walltime = math.ceil(ev.walltime) if ev.walltime > 0 else 0
+        lifecycle = LifecycleType.BOUNDED if walltime else LifecycleType.UNBOUNDED
+        if ev.reactive:
+            lifecycle = LifecycleType.REACTIVE
+        ck_mode, ck_protocol = "none", ""  # not said: as before the field existed
+        if ev.checkpoint in ("signal", "shmem", "grpc"):
+            ck_mode, ck_protocol = "auto", ev.checkpoint
+        elif ev.checkpoint in ("auto", "manual"):
+            ck_mode, ck_protocol = ev.checkpoint, "signal"
         spec = AllocationSpec(
             entrypoint="rm-replay",
             tenant=ev.tenant,
@@ -348,8 +397,11 @@ def jobs_from_events(
             nodes=max(1, ev.nodes),
             min_nodes=ev.min_nodes if 0 < ev.min_nodes < ev.nodes else 0,
             walltime_seconds=walltime,
-            lifecycle=LifecycleType.BOUNDED if walltime else LifecycleType.UNBOUNDED,
+            lifecycle=lifecycle,
             preemption_class=10 if ev.sensitive else ev.preemption_class,
+            checkpoint=ck_mode,
+            checkpoint_protocol=ck_protocol,
+            scaling=(ev.scaling or ScalingSpec()) if ev.reactive else None,
             name=ev.name,
             user=ev.user,
             constraints=Constraints(
@@ -388,6 +440,7 @@ class Replay:
         preemption_policy: PreemptionPolicy | None = None,
         skip_unchanged_cycles: bool = True,
         budget_period_days: float = DEFAULT_BUDGET_PERIOD_DAYS,
+        checkpoint_broker: bool = True,
     ) -> None:
         if not cycle_interval > 0:
             raise ValueError("cycle_interval must be > 0")
@@ -421,6 +474,7 @@ class Replay:
         self.seed = seed
         self.checkpoint_success_rate = checkpoint_success_rate
         self.checkpoint_seconds = float(checkpoint_seconds)
+        self.checkpoint_broker = checkpoint_broker
         self.sample_interval = float(sample_interval)
         self.max_time = max_time
         self.trace_name = trace_name
@@ -596,6 +650,8 @@ class Replay:
                     self._end(t, aid, gen)
                 elif kind == _CHECKPOINT:
                     self._checkpoint_done(t, aid, gen)
+                elif kind == _SCALE:
+                    self._scale(t, aid, gen)
                 else:
                     self._cancel(t, aid)
             if next_tick < t:  # interval cycles passed while nothing was pending
@@ -704,13 +760,18 @@ class Replay:
         a = job.alloc
         if gen != job.gen or a.state != AllocationState.CHECKPOINTING:
             return  # it ended during its checkpoint
-        job.ckpt_att += 1
         self.version += 1
         self.changes += 1
-        rng = random.Random(f"{self.seed}:{aid}:{job.ckpt_att}")
-        if rng.random() < self.checkpoint_success_rate:
+        saved = False
+        if self._checkpoints(job):
+            job.ckpt_att += 1
+            rng = random.Random(f"{self.seed}:{aid}:{job.ckpt_att}")
+            saved = rng.random() < self.checkpoint_success_rate
+        if saved:
             job.ckpt_ok += 1
             job.remaining = max(0.0, job.remaining - (job.preempted_at - job.run_start))
+        else:  # stopped without a usable checkpoint: its run's work is done again
+            job.lost_node_seconds += job.at_risk
         self._release(t, job, was_running=False)
         a.state = AllocationState.PENDING
         a.assigned_nodes = []
@@ -764,8 +825,9 @@ class Replay:
     def _release(self, t: float, job: _Job, *, was_running: bool) -> None:
         a = job.alloc
         nodes = self.m.nodes
-        dt = t - job.run_start
         job.released = t
+        dt = t - job.acct_t
+        job.acct_t = t
         job.node_seconds += dt * len(a.assigned_nodes)
         job.gpu_seconds += dt * job.gpus
         for nid in a.assigned_nodes:
@@ -866,11 +928,17 @@ class Replay:
         job.gpus = gpus
         job.gpus_per_node = gpus // k if k else 0
         job.run_start = t
+        job.acct_t = t
+        job.run_ns0 = job.node_seconds
         if job.first_start is None:
             job.first_start = t
             job.backfilled = p.backfilled
             job.groups_spanned = p.groups_spanned
             job.conformance_fitness = p.conformance_fitness
+        if a.spec.lifecycle == LifecycleType.REACTIVE:  # its autoscaling, from its start
+            job.samples, job.last_scale = [], None
+            interval = (a.spec.scaling or ScalingSpec()).evaluation_interval
+            self._push(t + interval, _SCALE, a.id, job.gen)
         self.busy_nodes += k
         self.busy_gpus += gpus
         self.tenant_busy[a.spec.tenant] = self.tenant_busy.get(a.spec.tenant, 0) + k
@@ -897,9 +965,129 @@ class Replay:
         a.reason = "preempted"
         self._not_running(v)
         v.preempted_at = t
-        self._push(t + self.checkpoint_seconds, _CHECKPOINT, victim_id, v.gen)
+        v.at_risk = v.node_seconds + (t - v.acct_t) * len(a.assigned_nodes) - v.run_ns0
+        # without a checkpoint the victim is stopped at once (SIGTERM)
+        wait = self.checkpoint_seconds if self._checkpoints(v) else 0.0
+        self._push(t + wait, _CHECKPOINT, victim_id, v.gen)
         self.preemptions += 1
         return True
+
+    def _checkpoints(self, job: _Job) -> bool:
+        """A preempted ``job`` is asked to checkpoint (the broker runs and it declared
+        a way to) rather than stopped."""
+        return self.checkpoint_broker and job.checkpointable
+
+    # ------------------------------------------------------------------ autoscaling
+
+    def _load(self, job: _Job, t: float) -> float:
+        """A reactive allocation's metric at ``t`` (its load profile, a step function
+        of the time since its submission)."""
+        value = job.ev.load[0][1] if job.ev.load else 0.0
+        since = t - job.alloc.submitted_at
+        for at, v in job.ev.load:
+            if at > since:
+                break
+            value = v
+        return value
+
+    def _free_node_for(self, job: _Job) -> Node | None:
+        """The node a scale-up takes: the first free, Ready node by id in the
+        allocation's pool (its vCluster's or the shared one) that meets its hard
+        constraints."""
+        a = job.alloc
+        for nid in sorted(self.m.nodes):
+            n = self.m.nodes[nid]
+            if (
+                not n.owner
+                and n.state == NodeState.READY
+                and not n.disabled
+                and n.home_vcluster in ("", a.spec.vcluster)
+                and node_satisfies(n, a.spec)
+            ):
+                return n
+        return None
+
+    def _scale(self, t: float, aid: str, gen: int) -> None:
+        job = self.jobs[aid]
+        a = job.alloc
+        if gen != job.gen or a.state != AllocationState.RUNNING:
+            return  # ended, preempted or requeued since: its next run schedules its own
+        spec = a.spec.scaling or ScalingSpec()
+        self._push(t + spec.evaluation_interval, _SCALE, aid, job.gen)
+        homes = {nid: self.m.nodes[nid].home_vcluster for nid in a.assigned_nodes}
+        wanted = {self.jobs[p].vc for p in self.m.pending}
+        back = autoscale.reclaimed_node(a.assigned_nodes, homes, a.spec.vcluster, wanted)
+        if back:  # its home vCluster has work waiting: given back, as the live autoscaler
+            self._resize(t, job, drop=self.m.nodes[back])
+            job.scale_downs += 1
+            job.last_scale = t
+            job.samples.clear()
+            self.poked = True
+            return
+        job.samples.append(autoscale.Sample(t, self._load(job, t)))
+        del job.samples[:-_SAMPLES_KEPT]
+        tenant = self.m.tenants.get(a.spec.tenant)
+        quota = None
+        if tenant is not None and tenant.max_nodes is not None:
+            quota = (tenant.name, self.tenant_busy.get(tenant.name, 0), tenant.max_nodes)
+        node = self._free_node_for(job)
+        since = job.run_start if job.last_scale is None else max(job.run_start, job.last_scale)
+        state = autoscale.ScalingState(
+            samples=tuple(job.samples),
+            current=len(a.assigned_nodes),
+            min_nodes=a.spec.min_nodes,
+            max_nodes=a.spec.nodes,
+            last_event_at=since,
+            quota=quota,
+            free_nodes=1 if node is not None else 0,
+        )
+        d = autoscale.decide(state, spec, t)
+        if d.action == autoscale.SCALE_UP and node is not None:
+            self._resize(t, job, add=node)
+            job.scale_ups += 1
+        elif d.action == autoscale.SCALE_DOWN and len(a.assigned_nodes) > 1:
+            self._resize(t, job, drop=self.m.nodes[a.assigned_nodes[-1]])
+            job.scale_downs += 1
+            self.poked = True  # a freed node, as for a completion
+        else:
+            return
+        job.last_scale = t
+        job.samples.clear()  # a new size: the windows start again
+
+    def _resize(
+        self, t: float, job: _Job, *, add: Node | None = None, drop: Node | None = None
+    ) -> None:
+        """``ScaleAllocation`` of one node, with the engine's books kept."""
+        a = job.alloc
+        job.node_seconds += (t - job.acct_t) * len(a.assigned_nodes)
+        job.gpu_seconds += (t - job.acct_t) * job.gpus
+        job.acct_t = t
+        self.version += 1
+        self.changes += 1
+        self.index.unhold(a.id)
+        n = add or drop
+        assert n is not None
+        cell = (self.sig_of[n.id], n.home_vcluster)
+        gcell = (n.group, n.home_vcluster)
+        tenant = a.spec.tenant
+        if add is not None:
+            n.owner, n.owner_tenant, n.owner_vcluster = a.id, tenant, a.spec.vcluster
+            self.free_cells[cell] -= 1
+            self.index.free_by_group[gcell] -= 1
+            a.assigned_nodes = [*a.assigned_nodes, n.id]
+            step = 1
+        else:
+            n.owner = n.owner_tenant = n.owner_vcluster = ""
+            self.free_cells[cell] += 1
+            self.index.free_by_group[gcell] = self.index.free_by_group.get(gcell, 0) + 1
+            a.assigned_nodes = [x for x in a.assigned_nodes if x != n.id]
+            step = -1
+        gpus = n.capabilities.gpu_count * step
+        job.gpus += gpus
+        self.busy_nodes += step
+        self.busy_gpus += gpus
+        self.tenant_busy[tenant] = self.tenant_busy.get(tenant, 0) + step
+        self.index.hold(a, self.m.nodes)
 
     # ------------------------------------------------------------------ cycles
 
@@ -1059,8 +1247,8 @@ class Replay:
                 AllocationState.RUNNING,
                 AllocationState.CHECKPOINTING,
             ):
-                node_s += (end - job.run_start) * len(a.assigned_nodes)
-                gpu_s += (end - job.run_start) * job.gpus
+                node_s += (end - job.acct_t) * len(a.assigned_nodes)
+                gpu_s += (end - job.acct_t) * job.gpus
             if job.end is not None and job.first_start is not None:  # ran: did work
                 last_end = job.end if last_end is None else max(last_end, job.end)
             ev = job.ev
@@ -1091,6 +1279,9 @@ class Replay:
                     gpu_seconds=gpu_s,
                     groups_spanned=job.groups_spanned,
                     conformance_fitness=job.conformance_fitness,
+                    lost_node_seconds=job.lost_node_seconds,
+                    scale_ups=job.scale_ups,
+                    scale_downs=job.scale_downs,
                 )
             )
         m = self.m
@@ -1102,6 +1293,7 @@ class Replay:
             "seed": self.seed,
             "checkpoint_success_rate": self.checkpoint_success_rate,
             "checkpoint_seconds": self.checkpoint_seconds,
+            "checkpoint_broker": self.checkpoint_broker,
             "sample_interval": self.sample_interval,
             "budget_period_days": self.budget_period_days,
             "default_vcluster": self.default_vcluster,
@@ -1165,6 +1357,7 @@ def simulate(
     preemption_policy: PreemptionPolicy | None = None,
     skip_unchanged_cycles: bool = True,
     budget_period_days: float = DEFAULT_BUDGET_PERIOD_DAYS,
+    checkpoint_broker: bool = True,
 ) -> SimulationResult:
     """Replay ``trace_events`` on ``inventory`` with ``policy`` (``lattice``, ``fcfs`` or
     ``easy``); see the module docstring.
@@ -1178,7 +1371,9 @@ def simulate(
     anything (no pending allocation fits the free nodes; :meth:`Replay._unchanged`);
     False runs the policy in every cycle (same result, slower; for checking that
     claim). ``budget_period_days``: the budget ledger's window for the budget penalty
-    (the live scheduler's ``scheduling.budget_period_days``, default 90)."""
+    (the live scheduler's ``scheduling.budget_period_days``, default 90).
+    ``checkpoint_broker`` False: preemption stops every victim without a checkpoint
+    (the counterfactual that shows what checkpoint-aware preemption saves)."""
     return Replay(
         trace_events,
         inventory,
@@ -1197,4 +1392,5 @@ def simulate(
         preemption_policy=preemption_policy,
         skip_unchanged_cycles=skip_unchanged_cycles,
         budget_period_days=budget_period_days,
+        checkpoint_broker=checkpoint_broker,
     ).run()

@@ -1,4 +1,4 @@
-"""Seeded workload generators: the six regression traces, a synthetic benchmark trace,
+"""Seeded workload generators: the seven regression traces, a synthetic benchmark trace,
 and an SWF file.
 
 Regression suite (Testing Strategy, Level 3), each a small cluster (128 nodes) and a
@@ -17,6 +17,9 @@ sensitive-claim    HPC load on the shared pool; sensitive claims (class 10) on  
                    a 16-node pool reserved for the ``sensitive`` vCluster       wait = 0
 preemption-heavy   long low-class (1-3) jobs fill the cluster; short           checkpoint
                    high-class (7-9) jobs keep arriving and preempt them         ok > 95 %
+checkpoint-broker  reactive services (autoscaled from a load profile) and      lost work
+                   long batch jobs, most of them checkpointing, preempted by    with vs
+                   class-8 work; replayed with and without the broker           without
 empty-to-full      an idle cluster; arrivals accelerate over 3 h and offer     ramp-up,
                    ~4x what the cluster can run in that time                   cycle time
 =================  ==========================================================  ===========
@@ -55,7 +58,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import yaml
+from lattice_common.types import ScalingSpec
 from lattice_scheduler.profiles import WEIGHT_PROFILES, weights_as_mapping
 
 from rm_replay.model import SubmitEvent
@@ -72,6 +77,7 @@ REGRESSION_TRACES = (
     "sensitive-claim",
     "preemption-heavy",
     "empty-to-full",
+    "checkpoint-broker",
 )
 
 TENANTS = ("physics", "chemistry", "biology", "climate")
@@ -359,7 +365,7 @@ def weight_profiles(*vclusters: str) -> dict[str, dict[str, float]]:
 _ALL_VC = ("hpc-batch", "ml-training", "service")
 
 
-# --------------------------------------------------------------------------- the six traces
+# --------------------------------------------------------------------------- the regression traces
 
 
 def steady_state(seed: int = 0, n_jobs: int = 600, nodes: int = 128) -> Scenario:
@@ -565,6 +571,80 @@ def empty_to_full(seed: int = 0, n_jobs: int = 260, nodes: int = 128) -> Scenari
     )
 
 
+def checkpoint_broker(
+    seed: int = 0, n_low: int = 24, n_high: int = 36, nodes: int = 40
+) -> Scenario:
+    """Long low-class batch jobs (80 % of them checkpoint through a protocol, the rest
+    declare ``checkpoint: none``) and four reactive services (class 3, checkpointing,
+    2..8 nodes, busy and quiet in turns of a few hours) share the cluster; short
+    class-8 jobs keep arriving and preempt them. ``meta.compare`` asks the suite to
+    replay it a second time without the checkpoint broker."""
+    rng = random.Random(f"checkpoint-broker/{seed}")
+    low: list[Job] = []
+    for _ in range(n_low):
+        n = _weighted(rng, [(2, 30), (4, 40), (8, 30)])
+        rt, wt, ex = _outcome(rng, _loguniform(rng, 2 * HOUR, 6 * HOUR), (1.1, 1.5))
+        low.append(Job(_tenant(rng), n, rt, wt, "hpc-batch", rng.choice((2, 3)), exit=ex))
+    high: list[Job] = []
+    for _ in range(n_high):
+        n = _weighted(rng, [(2, 35), (4, 40), (8, 25)])
+        rt, wt, ex = _outcome(rng, _loguniform(rng, 20 * MINUTE, 90 * MINUTE), (1.2, 2.0))
+        high.append(Job(_tenant(rng), n, rt, wt, "hpc-batch", 8, exit=ex))
+    low_times = [0] * (n_low // 4) + _times_for_load(rng, low[n_low // 4 :], nodes, 0.8)
+    span = max(low_times)
+    high_times = sorted(int(rng.uniform(HOUR, span)) for _ in high)
+    events = _events("batch", low, low_times, rng) + _events("urgent", high, high_times, rng)
+    checkpoints = ("signal", "shmem", "grpc", "auto")
+    events = [
+        msgspec.structs.replace(
+            e, checkpoint="none" if rng.random() < 0.2 else rng.choice(checkpoints)
+        )
+        if e.id.startswith("batch")
+        else e
+        for e in events
+    ]
+    scaling = ScalingSpec(
+        target=0.8,
+        scale_down_threshold=0.25,
+        evaluation_interval=120,
+        scale_up_window=240,
+        scale_down_window=600,
+        cooldown=300,
+    )
+    services = []
+    for i in range(4):
+        turn = int(rng.uniform(2, 4) * HOUR)  # busy, then quiet, in turns
+        load = tuple(
+            (float(k * turn), 0.9 if k % 2 == 0 else 0.1) for k in range(int(span // turn) + 1)
+        )
+        services.append(
+            SubmitEvent(
+                t=float(T0 + i * 15 * MINUTE),
+                id=f"service-{i}",
+                tenant=TENANTS[i],
+                nodes=8,
+                min_nodes=2,
+                vcluster="service",
+                preemption_class=3,
+                runtime=float(span),
+                checkpoint="signal",
+                reactive=True,
+                load=load,
+                scaling=scaling,
+                user=f"{TENANTS[i][:4]}01",
+            )
+        )
+    return Scenario(
+        "checkpoint-broker",
+        "Reactive services and batch jobs, most checkpointing, preempted by class-8 work",
+        _merge(events, services),
+        _inventory("checkpoint-broker", nodes),
+        weight_profiles(*_ALL_VC),
+        seed,
+        {"compare": "checkpoint_broker"},
+    )
+
+
 SCENARIOS: dict[str, Callable[..., Scenario]] = {
     "steady-state": steady_state,
     "burst": burst,
@@ -572,16 +652,17 @@ SCENARIOS: dict[str, Callable[..., Scenario]] = {
     "sensitive-claim": sensitive_claim,
     "preemption-heavy": preemption_heavy,
     "empty-to-full": empty_to_full,
+    "checkpoint-broker": checkpoint_broker,
 }
 
 
 def regression_suite(seed: int = 0) -> list[Scenario]:
-    """The six regression scenarios, in the specification's order."""
+    """The regression scenarios, in the specification's order (then checkpoint-broker)."""
     return [SCENARIOS[name](seed) for name in REGRESSION_TRACES]
 
 
 def write_regression_suite(out_dir: str | Path, seed: int = 0) -> dict[str, dict[str, Path]]:
-    """Write the six traces with their inventories and weights into ``out_dir``."""
+    """Write the regression traces with their inventories and weights into ``out_dir``."""
     return {s.name: s.write(out_dir) for s in regression_suite(seed)}
 
 
@@ -742,7 +823,7 @@ def swf_inventory(nodes: int = SWF_NODES) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m rm_replay.generate",
-        description="Write the six RM-Replay regression traces (+ inventories, weights).",
+        description="Write the seven RM-Replay regression traces (+ inventories, weights).",
     )
     p.add_argument("out", type=Path, help="output directory")
     p.add_argument("--seed", type=int, default=0)

@@ -74,7 +74,10 @@ started is an ordinary started job (its wait is ``start - submit``).
   counts as a miss.
 * **Preemptions per hour**: sum of ``preempted_count`` / makespan in hours.
 * **Checkpoint success rate**: sum of ``checkpoints_succeeded`` / sum of
-  ``checkpoints_attempted`` (``None`` when none were attempted).
+  ``checkpoints_attempted`` (``None`` when none were attempted). **Lost node-hours**:
+  sum of ``lost_node_seconds`` / 3600, the work of runs that preemption stopped
+  without a usable checkpoint (to be computed again). **Autoscaling**: reactive
+  allocations that scaled, and their scale-ups / scale-downs.
 * **Ramp-up time**: from ``t0`` to the first instant the busy nodes reach
   ``ramp_target`` (default 80 %) of the inventory (``None`` if never).
 * **Sensitive wait**: wait statistics of jobs with ``sensitive`` (the regression
@@ -512,6 +515,10 @@ def metrics_dict(
     preempted = sum(int(j.preempted_count or 0) for j in jobs)
     ck_att = sum(int(j.checkpoints_attempted or 0) for j in jobs)
     ck_ok = sum(int(j.checkpoints_succeeded or 0) for j in jobs)
+    lost_s = sum(float(_get(j, "lost_node_seconds", 0.0) or 0.0) for j in jobs)
+    ups = sum(int(_get(j, "scale_ups", 0) or 0) for j in jobs)
+    downs = sum(int(_get(j, "scale_downs", 0) or 0) for j in jobs)
+    reactive = sum(1 for j in jobs if _get(j, "scale_ups", 0) or _get(j, "scale_downs", 0))
     idle_pending = idle_while_pending_node_s(jobs, total_nodes, t0, t_end)
     bf_den = bf_node_s + idle_pending
     n_bf = sum(1 for j in jobs if j.backfilled)
@@ -577,7 +584,10 @@ def metrics_dict(
             "attempted": ck_att,
             "succeeded": ck_ok,
             "success_rate": rnd(ck_ok / ck_att if ck_att else None),
+            # work done again: runs stopped by preemption without a usable checkpoint
+            "lost_node_hours": rnd(lost_s / 3600.0),
         },
+        "autoscaling": {"allocations_scaled": reactive, "scale_ups": ups, "scale_downs": downs},
         "sensitive": {"jobs": len(sens), **_stats(sens)},
         "ramp_up": {
             "target_utilization": rnd(ramp_target),

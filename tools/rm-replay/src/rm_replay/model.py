@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 from lattice_common.error_text import render_error
+from lattice_common.types import ScalingSpec
 
 __all__ = [
     "JOB_STATES",
@@ -140,7 +141,15 @@ class SubmitEvent(msgspec.Struct, kw_only=True, frozen=True, tag="submit", tag_f
     ``preemption_class``: 0..10 (the trace's ``priority``); ``sensitive`` jobs run as
     class 10. ``runtime`` / ``exit``: what really happened (from the matching complete
     event or inline); ``runtime`` None = unknown (the engine then assumes the job runs
-    for its whole walltime). ``vcluster`` "" = the simulation's default vCluster."""
+    for its whole walltime). ``vcluster`` "" = the simulation's default vCluster.
+
+    ``checkpoint``: how the application checkpoints (``none``, ``auto``/``manual`` or a
+    protocol ``signal``/``shmem``/``grpc``); "" = not said, replayed as checkpointable
+    (the replay's behaviour before the field existed). ``reactive``: an autoscaled
+    service (``"lifecycle": "reactive"``, needs a node range): it starts at
+    ``min_nodes`` and the real ``lattice_scheduler.autoscale.decide`` grows and shrinks
+    it from ``load``, ((seconds after its submission, metric value), ...) a step
+    function, with ``scaling`` (the submission's scaling settings; None = defaults)."""
 
     t: float
     id: str
@@ -160,6 +169,10 @@ class SubmitEvent(msgspec.Struct, kw_only=True, frozen=True, tag="submit", tag_f
     runtime: float | None = None
     exit: int = 0
     name: str = ""
+    checkpoint: str = ""
+    reactive: bool = False
+    load: tuple[tuple[float, float], ...] = ()
+    scaling: ScalingSpec | None = None
 
 
 class CompleteEvent(msgspec.Struct, kw_only=True, frozen=True, tag="complete", tag_field="type"):
@@ -296,6 +309,11 @@ class JobRecord(msgspec.Struct, kw_only=True):
     gpu_seconds: float = 0.0
     groups_spanned: int = 0
     conformance_fitness: float = 0.0
+    # node-seconds of work thrown away: runs stopped by preemption without a usable
+    # checkpoint (none declared, no checkpoint broker, or the checkpoint failed)
+    lost_node_seconds: float = 0.0
+    scale_ups: int = 0  # reactive: nodes added / released by the autoscaler
+    scale_downs: int = 0
 
 
 class UtilizationSample(msgspec.Struct, kw_only=True):

@@ -18,6 +18,10 @@ One event per line::
   ``gpus`` / ``gpu_count`` / ``gpus_per_node``, ``memory_gb``, ``features``,
   ``topology`` (``tight`` / ``any``), ``user``, ``vcluster``, ``priority`` or
   ``preemption_class`` (0..10, default 5), ``sensitive`` (true: class 10), ``name``,
+  ``checkpoint`` (``none``, ``auto``, ``manual``, ``signal``, ``shmem``, ``grpc``; not
+  given = checkpointable), ``lifecycle`` (``reactive``: an autoscaled service, with a
+  node range, a ``load`` profile ``[[seconds after submit, value], ...]`` and optional
+  ``scaling`` settings as a submission's, e.g. ``{"target": 0.8, "cooldown": 180}``),
   and optionally the outcome inline: ``runtime`` / ``duration`` and ``exit``. A
   ``constraints`` object (``gpu_type``, ``gpu_count``, ``features``, ``memory_gb``,
   ``topology``) is read too. Other keys are ignored.
@@ -50,6 +54,7 @@ from typing import Any
 import msgspec
 from lattice_common.duration import parse_duration
 from lattice_common.errors import LatticeError
+from lattice_common.types import ScalingSpec
 
 from rm_replay.model import CancelEvent, CompleteEvent, SubmitEvent, TraceError, TraceEvent
 
@@ -268,6 +273,25 @@ def _submit(obj: dict[str, Any], t: float, line_no: int) -> SubmitEvent:
         nodes_raw = nodes_raw["max"]
     nodes = _int(nodes_raw, "nodes", 1, MAX_NODES)
     min_nodes = 0 if min_raw is None else _int(min_raw, "min_nodes", 0, nodes)
+    checkpoint = _str(merged.get("checkpoint"), "checkpoint").lower()
+    if checkpoint not in CHECKPOINT_VALUES:
+        raise TraceError(
+            f"checkpoint must be one of {', '.join(sorted(CHECKPOINT_VALUES - {''}))}, "
+            f"got {checkpoint!r}",
+            hint='"none": preemption stops it without a checkpoint; a protocol or "auto": '
+            "it checkpoints when asked.",
+        )
+    lifecycle = _str(merged.get("lifecycle"), "lifecycle").lower()
+    if lifecycle not in ("", "bounded", "unbounded", "reactive"):
+        raise TraceError(f"lifecycle must be bounded, unbounded or reactive, got {lifecycle!r}")
+    reactive = lifecycle == "reactive"
+    load = _load(merged.get("load")) if reactive else ()
+    scaling = _scaling(merged.get("scaling")) if reactive else None
+    if reactive and not 0 < min_nodes < nodes:
+        raise TraceError(
+            "a reactive allocation needs a node range",
+            hint='Give "nodes": {"min": 2, "max": 8}: it starts at min and scales up to max.',
+        )
     return SubmitEvent(
         t=t,
         id=aid,
@@ -289,7 +313,54 @@ def _submit(obj: dict[str, Any], t: float, line_no: int) -> SubmitEvent:
         runtime=runtime,
         exit=_exit(merged.get("exit")),
         name=_str(merged.get("name"), "name"),
+        checkpoint=checkpoint,
+        reactive=reactive,
+        load=load,
+        scaling=scaling,
     )
+
+
+#: a submission's ``checkpoint``: the modes and the protocols ("" = not said)
+CHECKPOINT_VALUES = frozenset({"", "none", "auto", "manual", "signal", "shmem", "grpc"})
+
+
+def _load(value: Any) -> tuple[tuple[float, float], ...]:
+    """A reactive allocation's metric: ``[[seconds after submit, value], ...]``, times
+    ascending from 0 (a step function: each value holds until the next)."""
+    hint = 'e.g. "load": [[0, 0.9], [3600, 0.1]] (the metric from 0 s, then from 1 h)'
+    if not isinstance(value, list) or not value:
+        raise TraceError("a reactive allocation needs a load profile", hint=hint)
+    out: list[tuple[float, float]] = []
+    for step in value:
+        if (
+            not isinstance(step, list | tuple)
+            or len(step) != 2
+            or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in step)
+            or not all(math.isfinite(x) and x >= 0 for x in step)
+        ):
+            raise TraceError(f"load steps are [seconds, value] pairs >= 0, got {step!r}", hint=hint)
+        if out and step[0] <= out[-1][0]:
+            raise TraceError("load step times must ascend", hint=hint)
+        out.append((float(step[0]), float(step[1])))
+    if out[0][0] != 0:
+        raise TraceError("the load profile must start at 0 s", hint=hint)
+    return tuple(out)
+
+
+def _scaling(value: Any) -> ScalingSpec | None:
+    if value is None:
+        return None
+    try:
+        spec = msgspec.convert(value, ScalingSpec, strict=False)
+    except msgspec.ValidationError as e:
+        raise TraceError(
+            f"scaling: {e}",
+            hint="Keys as a submission's: metric, target, evaluation_interval, "
+            "scale_up_window, scale_down_window, scale_down_threshold, cooldown.",
+        ) from None
+    if not spec.evaluation_interval >= 1:
+        raise TraceError("scaling.evaluation_interval must be at least 1 s")
+    return spec
 
 
 def _event_alloc_id(obj: dict[str, Any], kind: str) -> str:
@@ -523,6 +594,13 @@ def _event_obj(ev: TraceEvent) -> dict[str, Any]:
     alloc["priority"] = ev.preemption_class
     if ev.sensitive:
         alloc["sensitive"] = True
+    if ev.checkpoint:
+        alloc["checkpoint"] = ev.checkpoint
+    if ev.reactive:
+        alloc["lifecycle"] = "reactive"
+        alloc["load"] = [list(step) for step in ev.load]
+        if ev.scaling is not None:
+            alloc["scaling"] = msgspec.to_builtins(ev.scaling)
     if ev.runtime is not None:
         alloc["runtime"] = format_seconds(ev.runtime) if ev.runtime else 0
         alloc["exit"] = ev.exit

@@ -129,7 +129,9 @@ class AdminService(v1.AdminServiceBase):
     # --- usage ----------------------------------------------------------------------
 
     async def get_tenant_usage(self, message: v1.GetTenantUsageRequest) -> v1.TenantUsage:
-        d = self.usage.tenant_usage_between(who(), message.tenant, message.since, message.until)
+        d = await self.usage.read_tenant_usage_between(
+            who(), message.tenant, message.since, message.until
+        )
         return v1.TenantUsage(
             tenant=d["tenant"],
             node_hours=d["node_hours"],
@@ -145,7 +147,7 @@ class AdminService(v1.AdminServiceBase):
         )
 
     async def get_user_usage(self, message: v1.GetUserUsageRequest) -> v1.UserUsage:
-        d = self.usage.user_usage_between(
+        d = await self.usage.read_user_usage_between(
             who(), message.user, message.tenant, message.since, message.until
         )
         return v1.UserUsage(

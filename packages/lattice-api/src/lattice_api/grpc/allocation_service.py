@@ -18,6 +18,7 @@ from lattice_common.proto.lattice import v1
 from lattice_common.wire import to_message
 
 from lattice_api.grpc.context import to_body, who
+from lattice_api.ops import checkpoint as ops_checkpoint
 from lattice_api.ops import suspend as ops_suspend
 from lattice_api.ops.allocations import AllocationOps
 from lattice_api.ops.attach import AttachOps
@@ -100,11 +101,12 @@ class AllocationService(v1.AllocationServiceBase):
         return v1.SubmitResponse(allocation_ids=[a.id], allocations=[to_message(a, v1.Allocation)])
 
     async def get(self, message: v1.GetAllocationRequest) -> v1.Allocation:
-        return to_message(self.ops.get(who(), message.id), v1.Allocation)
+        # from the history store once it left the quorum (lattice_common.history)
+        return to_message(await self.ops.find(who(), message.id), v1.Allocation)
 
     async def list(self, message: v1.ListAllocationsRequest) -> v1.ListAllocationsResponse:
         # the same listing rule as REST's ?all (lattice_api.access.listing_user)
-        allocs = self.ops.list(
+        allocs = await self.ops.list_with_history(
             who(),
             state=message.state or None,
             tenant=message.tenant or None,
@@ -127,6 +129,16 @@ class AllocationService(v1.AllocationServiceBase):
 
     async def resume(self, message: v1.ResumeAllocationRequest) -> v1.Allocation:
         return to_message(await ops_suspend.resume(self.ops, who(), message.id), v1.Allocation)
+
+    async def checkpoint(self, message: v1.CheckpointRequest) -> v1.CheckpointResponse:
+        # checkpoint now and run on (lattice_api.ops.checkpoint); refusals raise
+        a = await ops_checkpoint.checkpoint(self.ops, who(), message.id)
+        hint = a.checkpoint_hint.id if a.checkpoint_hint is not None else ""
+        return v1.CheckpointResponse(
+            accepted=True,
+            message=f"checkpoint {hint} asked of allocation {a.id}; it keeps running and "
+            "the checkpoint becomes its last_checkpoint",
+        )
 
     async def watch(self, message: v1.WatchAllocationsRequest) -> AsyncIterator[v1.AllocationEvent]:
         if not message.id:

@@ -37,10 +37,12 @@ from lattice_common.errors import (
     PermissionDenied,
     ValidationError,
 )
+from lattice_common.history import HistoryStore
 from lattice_common.types import AllocationSpec, LifecycleType
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
 
+from lattice_api import access
 from lattice_api.accounting_client import AccountingClient
 from lattice_api.auth import Identity, Role
 
@@ -96,6 +98,9 @@ class AccountingOps:
     def __init__(self, quorum: Quorum, client: AccountingClient | None = None) -> None:
         self.quorum = quorum
         self.client = client
+        # the history store (lattice_common.history): the cost column of allocations
+        # that left the quorum's state; set by lattice-server (None: none)
+        self.history: HistoryStore | None = None
 
     @property
     def enabled(self) -> bool:
@@ -266,11 +271,18 @@ class AccountingOps:
         cost (``{}`` when accounting is off or unreachable: history still shows)."""
         from lattice_api.ops.base import visible_allocation
 
-        seen = []
+        seen, moved = [], []
         for i in list(dict.fromkeys(ids))[:1000]:
-            with contextlib.suppress(LatticeError):
+            try:
                 visible_allocation(self.quorum, who, i)
                 seen.append(i)
+            except NotFound:
+                moved.append(i)  # perhaps in the history store now
+            except LatticeError:
+                continue
+        if moved and self.history is not None:
+            stored = await self.history.get_many(moved)
+            seen += [i for i in moved if i in stored and access.can_read(who, stored[i])]
         return {"enabled": self.enabled, "costs": await self.allocation_costs(seen)}
 
     # --- prices and administration -------------------------------------------------------------

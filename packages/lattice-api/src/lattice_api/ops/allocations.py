@@ -11,8 +11,15 @@ import msgspec
 from lattice_common import audit
 from lattice_common import commands as c
 from lattice_common.errors import NotFound, Unavailable, ValidationError
+from lattice_common.history import HistoryStore, merge
 from lattice_common.taskgroup import parse_task_group
-from lattice_common.types import Allocation, AllocationSpec, AllocationState, StartEstimate
+from lattice_common.types import (
+    TERMINAL_STATES,
+    Allocation,
+    AllocationSpec,
+    AllocationState,
+    StartEstimate,
+)
 from lattice_common.uenv_registry import (
     CachedIndex,
     UenvError,
@@ -102,6 +109,9 @@ class AllocationOps:
         # the reservation gate (lattice_api.ops.accounting): a no-op unless accounting
         # is enabled, when Operations gives it the accounting client
         self.gate = AccountingOps(quorum)
+        # the history store (lattice_common.history): allocations that left the
+        # quorum's state after their retention; set by lattice-server (None: none)
+        self.history: HistoryStore | None = None
 
     # --- submit ---------------------------------------------------------------------
 
@@ -236,6 +246,67 @@ class AllocationOps:
             task_group=task_group,
             limit=limit,
         )
+
+    # --- reads with the history store (what the gRPC and REST adapters call) --------
+
+    async def find(self, who: Identity, alloc_id: str) -> Allocation:
+        """:meth:`get`, or the allocation's final record from the history store once it
+        left the quorum's state (same visibility rule, same NotFound)."""
+        try:
+            return self.get(who, alloc_id)
+        except NotFound:
+            if self.history is None:
+                raise
+            a = await self.history.get(alloc_id)
+            if a is None or not access.can_read(who, a):
+                raise NotFound(
+                    f"allocation {alloc_id} not found",
+                    hint="List your allocations with `lattice status`, ended ones with "
+                    "`lattice history`.",
+                ) from None
+            return a
+
+    async def list_with_history(
+        self,
+        who: Identity,
+        *,
+        state: str | None = None,
+        tenant: str | None = None,
+        vcluster: str | None = None,
+        user: str | None = None,
+        all_users: bool = False,
+        limit: int | None = None,
+        task_group: str | None = None,
+    ) -> list[Allocation]:
+        """:meth:`list` plus, when terminal states are asked for by name (``lattice
+        history``), the history store's matches, merged without duplicates (the quorum
+        is read first: an allocation moved meanwhile was stored before it left). Without
+        a state filter the listing stays the quorum's (``lattice status``: live work and
+        what ended within the retention), so its cost never grows with the history."""
+        live = self.list(
+            who,
+            state=state,
+            tenant=tenant,
+            vcluster=vcluster,
+            user=user,
+            all_users=all_users,
+            limit=limit,
+            task_group=task_group,
+        )
+        states = parse_states(state)
+        ended = set() if states is None else set(states) & TERMINAL_STATES
+        if self.history is None or not ended:
+            return live
+        stored = await self.history.matching(
+            states=ended,
+            tenant=access.listing_tenant(who, tenant),
+            vcluster=vcluster,
+            user=access.listing_user(who, user, all_users),
+            task_group=task_group,
+            limit=limit,
+        )
+        out = merge(live, stored)
+        return out[-limit:] if limit else out
 
     # --- cancel ---------------------------------------------------------------------
 

@@ -4,14 +4,16 @@ heartbeat, the level-triggered desired state)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Any
 
 import msgspec
 from lattice_common import audit
 from lattice_common import commands as c
-from lattice_common.errors import NotFound, ValidationError
+from lattice_common.errors import LatticeError, NotFound, NotLeader, ValidationError
 from lattice_common.types import Allocation, AllocationReport, Node, NodeCapabilities, NodeState
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
@@ -23,6 +25,22 @@ from lattice_api.desired_fanout import DesiredFanout
 from lattice_api.node_monitor import NodeMonitor
 from lattice_api.ops.base import raise_if_error
 from lattice_api.ops.pki import require_node_identity
+
+log = logging.getLogger("lattice.api.nodes")
+
+# one BatchHeartbeat: a whole 10,000-node machine at most
+MAX_HEARTBEAT_BATCH = 10_000
+
+
+class Beat(msgspec.Struct):
+    """One node's heartbeat in a batch (the fields of HeartbeatRequest the quorum uses)."""
+
+    node_id: str
+    sequence: int
+    reports: list[AllocationReport] = msgspec.field(default_factory=list)
+    # named as in the REST heartbeat's body
+    fingerprint: str = msgspec.field(default="", name="conformance_fingerprint")
+    telemetry_sources: list[str] | None = None
 
 
 def describe_identity(who: Identity) -> str:
@@ -180,6 +198,55 @@ class NodeOps:
             self.note_telemetry(node_id, telemetry_sources)
         return await self.monitor.heartbeat(node_id, sequence, reports, fingerprint)
 
+    async def heartbeats(self, who: Identity, beats: list[Beat]) -> list[dict[str, Any]]:
+        """A batch of heartbeats (spec: heartbeat coalescing), each handled as
+        :meth:`heartbeat` would be and answered on its own: ``node_id``,
+        ``reregister``, ``generation`` and ``error`` (a refused one: a replayed
+        sequence, over the node's rate, another node's certificate). The steady state
+        (Ready nodes, nothing new) commits nothing; the commits the others call for
+        (back to Ready, drift, exits) run together, not one after another. NotLeader
+        on a follower, for the whole batch."""
+        if len(beats) > MAX_HEARTBEAT_BATCH:
+            raise ValidationError(
+                f"{len(beats)} heartbeats in one batch; at most {MAX_HEARTBEAT_BATCH}",
+                details={"heartbeats": len(beats), "max": MAX_HEARTBEAT_BATCH},
+                hint="Split the batch.",
+            )
+        if not self.quorum.is_leader:
+            raise NotLeader(
+                "this quorum member is not the leader", hint="Retry against the leader."
+            )
+        out: list[dict[str, Any]] = []
+        waiting: list[tuple[dict[str, Any], Coroutine[Any, Any, None]]] = []
+        for b in beats:
+            res: dict[str, Any] = {"node_id": b.node_id, "reregister": False, "error": None}
+            out.append(res)
+            try:
+                self.bind_agent(who, b.node_id)
+                if b.telemetry_sources is not None:
+                    self.note_telemetry(b.node_id, b.telemetry_sources)
+                answer, follow_up = self.monitor.accept(
+                    b.node_id, b.sequence, b.reports, b.fingerprint
+                )
+            except LatticeError as e:
+                res["error"] = e.to_dict()
+                continue
+            res["reregister"] = bool(answer.get("reregister"))
+            if follow_up is not None:
+                waiting.append((res, follow_up))
+        if waiting:
+            done = await asyncio.gather(*(f for _, f in waiting), return_exceptions=True)
+            for (res, _), d in zip(waiting, done, strict=True):
+                if isinstance(d, LatticeError):
+                    res["error"] = d.to_dict()
+                elif isinstance(d, BaseException):
+                    log.error("heartbeat of %s not handled", res["node_id"], exc_info=d)
+                    res["error"] = LatticeError(f"heartbeat not handled: {d}").to_dict()
+        read = self.desired_generation
+        for res in out:
+            res["generation"] = 0 if res["error"] else read(res["node_id"])
+        return out
+
     def leader_hint(self) -> str | None:
         """None on the leader; elsewhere the leader's API address ("" when unknown)."""
         if self.quorum.is_leader:
@@ -195,14 +262,20 @@ class NodeOps:
         return self.quorum.read(queries.desired_generation, node_id)
 
     async def desired_state(
-        self, who: Identity, node_id: str
+        self, who: Identity, node_id: str, known_generation: int = 0
     ) -> AsyncIterator[tuple[int, list[Allocation]]]:
         """Level-triggered dispatch: the node's desired set now and after every change
-        that touches the node."""
+        that touches the node. An agent that already has ``known_generation`` gets its
+        set only once it changes (nothing at once when it is still current)."""
         self.bind_agent(who, node_id)
         # one quorum subscription serves every node's stream (desired_fanout)
-        async for gen, allocs in self.fanout.watch(node_id, self.desired_for):
+        async for gen, allocs in self.fanout.watch(
+            node_id,
+            self.desired_for,
+            known_generation=known_generation,
+            generation=self.desired_generation,
+        ):
             yield gen, allocs
 
 
-__all__ = ["NodeOps"]
+__all__ = ["MAX_HEARTBEAT_BATCH", "Beat", "NodeOps"]

@@ -29,6 +29,9 @@ SERVICE_COMMANDS: tuple[type[c.Command], ...] = (
     # lattice-accounting cancels an allocation whose project ran out of funds (reason
     # funds_exhausted), after its grace period
     c.CancelAllocation,
+    # lattice-checkpoint: checkpoint-and-continue hints and f8's checkpoint estimates
+    c.IssueCheckpointHint,
+    c.SetCheckpointEstimates,
 )
 
 

@@ -4,7 +4,10 @@
 Numbers come from the internal budget ledger (:mod:`lattice_common.ledger`) run over
 the quorum's committed allocation records in one consistent read
 (:func:`lattice_quorum.queries.tenant_usage` / ``user_usage``), with each node's GPU
-count taken from the current inventory.
+count taken from the current inventory. Allocations that ended longer ago than
+``storage.allocation_retention_hours`` have left the quorum for the history store
+(lattice_common.history): the ``read_*`` methods, which the adapters call, count those
+too (the sync methods read the quorum alone).
 
 The window is ``days`` (REST) or ``since``/``until`` (gRPC); by default the budget
 period, ``scheduling.budget_period_days``. Budget fractions and remaining hours are
@@ -19,10 +22,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from lattice_common.errors import NotFound, ValidationError
+from lattice_common.history import HistoryStore
 from lattice_common.ledger import DEFAULT_BUDGET_PERIOD_DAYS, SECONDS_PER_DAY
+from lattice_common.types import Allocation
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
 
@@ -95,6 +101,9 @@ class UsageOps:
     ) -> None:
         self.quorum = quorum
         self.period_days = _whole(float(budget_period_days or DEFAULT_BUDGET_PERIOD_DAYS))
+        # the history store (lattice_common.history): allocations moved out of the
+        # quorum's state count too; set by lattice-server (None: the state alone)
+        self.history: HistoryStore | None = None
 
     # --- REST shape: days -----------------------------------------------------------
 
@@ -142,9 +151,85 @@ class UsageOps:
         days, end = window_from_range(since, until, time.time(), self.period_days)
         return self._user(target, days, tenant or None, end)
 
+    # --- with the history store (what the gRPC and REST adapters call) --------------
+
+    async def read_tenant_usage(
+        self, who: Identity, tenant: str, days: Any = None, *, now: float | None = None
+    ) -> dict[str, Any]:
+        """:meth:`tenant_usage` counting the history store's allocations too."""
+        window = parse_days(days)
+        end = time.time() if now is None else now
+        return await self._with_history(lambda h: self._tenant(tenant, window, end, h), window, end)
+
+    async def read_user_usage(
+        self,
+        who: Identity,
+        user: str | None = None,
+        days: Any = None,
+        *,
+        tenant: str | None = None,
+        now: float | None = None,
+    ) -> dict[str, Any]:
+        """:meth:`user_usage` counting the history store's allocations too."""
+        window = parse_days(days)
+        target = access.usage_user(who, user)
+        end = time.time() if now is None else now
+        return await self._with_history(
+            lambda h: self._user(target, window, tenant or None, end, h), window, end, user=target
+        )
+
+    async def read_tenant_usage_between(
+        self, who: Identity, tenant: str, since: float, until: float
+    ) -> dict[str, Any]:
+        if not tenant:
+            raise ValidationError(
+                "GetTenantUsage needs a tenant", hint="Set tenant to a tenant name."
+            )
+        days, end = window_from_range(since, until, time.time(), self.period_days)
+        return await self._with_history(lambda h: self._tenant(tenant, days, end, h), days, end)
+
+    async def read_user_usage_between(
+        self, who: Identity, user: str, tenant: str, since: float, until: float
+    ) -> dict[str, Any]:
+        target = access.usage_user(who, user)
+        days, end = window_from_range(since, until, time.time(), self.period_days)
+        return await self._with_history(
+            lambda h: self._user(target, days, tenant or None, end, h), days, end, user=target
+        )
+
+    async def _with_history(
+        self,
+        compute: Callable[[list[Allocation]], dict[str, Any]],
+        window: float | None,
+        now: float,
+        *,
+        user: str | None = None,
+    ) -> dict[str, Any]:
+        """``compute(records)`` over the quorum plus the store's records that ended
+        inside the longest window asked (the budget period or ``window``). The store is
+        read before the quorum; a batch moved in between (the cursor moved) is read
+        again, so nothing that left the quorum is missed."""
+        if self.history is None:
+            return compute([])
+        days = max(self.period_days, window or 0.0)
+        since = now - days * 86400.0
+        for _ in range(3):
+            before = await self.history.cursor()
+            records = await self.history.ended_since(since, user=user)
+            out = compute(records)
+            if await self.history.cursor() == before:
+                return out
+        return out
+
     # --- the reads ------------------------------------------------------------------
 
-    def _tenant(self, tenant: str, window: float | None, now: float) -> dict[str, Any]:
+    def _tenant(
+        self,
+        tenant: str,
+        window: float | None,
+        now: float,
+        history: list[Allocation] | None = None,
+    ) -> dict[str, Any]:
         self.quorum.require_caught_up()
         out = self.quorum.read(
             queries.tenant_usage,
@@ -152,13 +237,19 @@ class UsageOps:
             window_days=self.period_days if window is None else window,
             period_days=self.period_days,
             now=now,
+            history=history or (),
         )
         if out is None:
             raise _tenant_not_found(tenant)
         return out
 
     def _user(
-        self, user: str, window: float | None, tenant: str | None, now: float
+        self,
+        user: str,
+        window: float | None,
+        tenant: str | None,
+        now: float,
+        history: list[Allocation] | None = None,
     ) -> dict[str, Any]:
         self.quorum.require_caught_up()
         out = self.quorum.read(
@@ -167,6 +258,7 @@ class UsageOps:
             tenant=tenant,
             window_days=self.period_days if window is None else window,
             now=now,
+            history=history or (),
         )
         if out is None:
             raise _tenant_not_found(tenant)

@@ -72,7 +72,7 @@ def add_routes(router: web.UrlDispatcher, ops: Operations) -> None:
 
     async def list_allocations(request: web.Request) -> web.Response:
         q = request.query
-        found = allocs.list(
+        found = await allocs.list_with_history(
             who(request),
             state=q.get("state") or None,
             tenant=q.get("tenant") or None,
@@ -85,7 +85,7 @@ def add_routes(router: web.UrlDispatcher, ops: Operations) -> None:
         return json_response({"allocations": found})
 
     async def get_allocation(request: web.Request) -> web.Response:
-        return json_response(allocs.get(who(request), request.match_info["id"]))
+        return json_response(await allocs.find(who(request), request.match_info["id"]))
 
     async def cancel(request: web.Request) -> web.Response:
         return json_response(await allocs.cancel(who(request), request.match_info["id"]))

@@ -16,6 +16,7 @@ from lattice_api.rest import (
     audit,
     backup,
     cache,
+    checkpoint,
     compare,
     dags,
     diag,
@@ -63,6 +64,7 @@ def build_rest_app(ops: Operations, auth: Authenticator) -> web.Application:
         backup,
         accounting,  # /api/v1/accounts/..., /api/v1/admin/prices, /admin/accounting/...
         suspend,  # POST /api/v1/allocations/{id}/suspend|resume
+        checkpoint,  # POST /api/v1/allocations/{id}/checkpoint
     ):
         routes.add_routes(app.router, ops)
     return app

@@ -1,6 +1,6 @@
 """REST routes of NodeService: ``/api/v1/nodes`` (list, ``/{id}``), one route per admin
-action (``/{id}/drain|undrain|disable|enable|release``), and the agents' ``/register``
-and ``/{id}/heartbeat``."""
+action (``/{id}/drain|undrain|disable|enable|release``), and the agents' ``/register``,
+``/{id}/heartbeat`` and ``/heartbeats`` (many nodes' heartbeats in one call)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from lattice_common.types import AllocationReport, Node
 from lattice_api.auth import Identity
 from lattice_api.http import json_response, read_body, who
 from lattice_api.operations import Operations
+from lattice_api.ops.nodes import Beat
 
 Action = Callable[[Identity, str, str], Awaitable[Node]]
 
@@ -54,10 +55,23 @@ def add_routes(router: web.UrlDispatcher, ops: Operations) -> None:
         )
         return json_response(out)
 
+    async def heartbeats(request: web.Request) -> web.Response:
+        body = await read_body(request)
+        try:
+            beats = msgspec.convert(body.get("heartbeats") or [], list[Beat])
+        except msgspec.ValidationError as e:
+            raise ValidationError(
+                f"invalid heartbeats: {e}",
+                hint='Send {"heartbeats": [{"node_id": ..., "sequence": ..., "reports": '
+                "[...]}, ...]}.",
+            ) from None
+        return json_response({"results": await nodes.heartbeats(who(request), beats)})
+
     router.add_get("/api/v1/nodes", list_nodes)
     router.add_post("/api/v1/nodes/register", register_node)
     router.add_get("/api/v1/nodes/{id}", get_node)
     router.add_post("/api/v1/nodes/{id}/heartbeat", heartbeat)
+    router.add_post("/api/v1/nodes/heartbeats", heartbeats)
     # one route per action, so each maps to one permission (release is not node.admin)
     router.add_post("/api/v1/nodes/{id}/drain", action(nodes.drain))
     router.add_post("/api/v1/nodes/{id}/undrain", action(nodes.undrain))

@@ -14,12 +14,12 @@ def add_routes(router: web.UrlDispatcher, ops: Operations) -> None:
 
     async def get_tenant_usage(request: web.Request) -> web.Response:
         tenant, days = request.match_info["name"], request.query.get("days")
-        return json_response(usage.tenant_usage(who(request), tenant, days))
+        return json_response(await usage.read_tenant_usage(who(request), tenant, days))
 
     async def get_user_usage(request: web.Request) -> web.Response:
         q = request.query
         return json_response(
-            usage.user_usage(
+            await usage.read_user_usage(
                 who(request), q.get("user") or None, q.get("days"), tenant=q.get("tenant") or None
             )
         )

@@ -112,6 +112,11 @@ def up(
         typer.echo(f"  member {m.id}: REST {m.rest_url}  gRPC {m.grpc_address}")
     typer.echo(f"  tenant: {cluster.tenant}   vCluster(s): {', '.join(cluster.vclusters)}")
     typer.echo(f"  logs: {cluster.base / 'logs'}")
+    if cluster.checkpoint_broker:
+        typer.echo(
+            f"  checkpoint broker: lattice-checkpoint, metrics on "
+            f"http://127.0.0.1:{cluster.broker_metrics_port}/metrics"
+        )
     if cluster.accounting:
         typer.echo(
             f"  accounting: lattice-accounting on {cluster.accounting_url} (ledger under "

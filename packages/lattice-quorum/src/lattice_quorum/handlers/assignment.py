@@ -216,6 +216,9 @@ def _bounded_status(s: ScalingStatus) -> ScalingStatus:
         reason=s.reason[:200],
         at=s.at,
         blocked=s.blocked[:200],
+        releasing=list(s.releasing),
+        release_at=s.release_at,
+        release_by=s.release_by,
     )
 
 

@@ -24,6 +24,8 @@ __all__ = (
     "AuditEntry",
     "BackupInfo",
     "Balance",
+    "BatchHeartbeatRequest",
+    "BatchHeartbeatResponse",
     "CacheActionResponse",
     "CacheEvictResponse",
     "CacheImageRequest",
@@ -38,6 +40,7 @@ __all__ = (
     "CheckpointCallbackRequest",
     "CheckpointCallbackStub",
     "CheckpointCallbackUpdate",
+    "CheckpointHint",
     "CheckpointRecord",
     "CheckpointRegistryBase",
     "CheckpointRegistryStub",
@@ -154,6 +157,7 @@ __all__ = (
     "NodeCapabilities",
     "NodeDiagnosis",
     "NodeHealth",
+    "NodeHeartbeatResult",
     "NodeServiceBase",
     "NodeServiceStub",
     "PmiFenceRequest",
@@ -483,6 +487,25 @@ class Allocation(betterproto2.Message):
     reactive: the autoscaler's last decision
     """
 
+    checkpoint_hint: "CheckpointHint | None" = betterproto2.field(
+        41, betterproto2.TYPE_MESSAGE, optional=True
+    )
+    """
+    the checkpoint broker's last hint (checkpoint and continue)
+    """
+
+    checkpoint_hints: "int" = betterproto2.field(42, betterproto2.TYPE_INT32)
+    """
+    hints the checkpoint broker issued for it
+    """
+
+    checkpoint_minutes: "float | None" = betterproto2.field(
+        43, betterproto2.TYPE_DOUBLE, optional=True
+    )
+    """
+    the broker's checkpoint time estimate (scheduler f8); unset = none
+    """
+
 
 default_message_pool.register_message("lattice.v1", "Allocation", Allocation)
 
@@ -583,6 +606,11 @@ class AllocationReport(betterproto2.Message):
     checkpoint_duration_seconds: "float" = betterproto2.field(14, betterproto2.TYPE_DOUBLE)
     """
     checkpointed: request to completion
+    """
+
+    hint_id: "str" = betterproto2.field(15, betterproto2.TYPE_STRING)
+    """
+    running: a broker hint's checkpoint is done (checkpoint_*) or failed (reason)
     """
 
 
@@ -1121,6 +1149,39 @@ default_message_pool.register_message("lattice.v1", "Balance", Balance)
 
 
 @dataclass(eq=False, repr=False)
+class BatchHeartbeatRequest(betterproto2.Message):
+    heartbeats: "list[HeartbeatRequest]" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    one per node; at most 10,000
+    """
+
+
+default_message_pool.register_message("lattice.v1", "BatchHeartbeatRequest", BatchHeartbeatRequest)
+
+
+@dataclass(eq=False, repr=False)
+class BatchHeartbeatResponse(betterproto2.Message):
+    results: "list[NodeHeartbeatResult]" = betterproto2.field(
+        1, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    one per heartbeat, in the request's order
+    """
+
+    leader_hint: "str | None" = betterproto2.field(2, betterproto2.TYPE_STRING, optional=True)
+    """
+    address of the leader when this member is not it (nothing handled)
+    """
+
+
+default_message_pool.register_message(
+    "lattice.v1", "BatchHeartbeatResponse", BatchHeartbeatResponse
+)
+
+
+@dataclass(eq=False, repr=False)
 class CacheActionResponse(betterproto2.Message):
     image: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -1376,6 +1437,51 @@ class CheckpointCallbackUpdate(betterproto2.Message):
 default_message_pool.register_message(
     "lattice.v1", "CheckpointCallbackUpdate", CheckpointCallbackUpdate
 )
+
+
+@dataclass(eq=False, repr=False)
+class CheckpointHint(betterproto2.Message):
+    """
+    A checkpoint broker hint: checkpoint and continue; mirrors lattice_common.types.CheckpointHint.
+    """
+
+    id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    hint id (hint-{epoch})
+    """
+
+    epoch: "int" = betterproto2.field(2, betterproto2.TYPE_INT32)
+    """
+    the allocation's checkpoint_hints it was issued as
+    """
+
+    at: "float" = betterproto2.field(3, betterproto2.TYPE_DOUBLE)
+    """
+    when it was issued
+    """
+
+    reason: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+    """
+    the cost model's deciding term
+    """
+
+    done_at: "float | None" = betterproto2.field(5, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    when the agent reported its outcome; unset = outstanding
+    """
+
+    outcome: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+    """
+    ok | checkpoint_timeout | checkpoint_failed: ... | stopped
+    """
+
+    run: "int" = betterproto2.field(7, betterproto2.TYPE_INT32)
+    """
+    the run it was issued in (requeue_count + preempted_count)
+    """
+
+
+default_message_pool.register_message("lattice.v1", "CheckpointHint", CheckpointHint)
 
 
 @dataclass(eq=False, repr=False)
@@ -4577,6 +4683,36 @@ default_message_pool.register_message("lattice.v1", "NodeHealth", NodeHealth)
 
 
 @dataclass(eq=False, repr=False)
+class NodeHeartbeatResult(betterproto2.Message):
+    """
+    What one node's heartbeat in a BatchHeartbeat got.
+    """
+
+    node_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    the reporting node
+    """
+
+    generation: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+    """
+    current desired-state generation; resync when it differs
+    """
+
+    reregister: "bool" = betterproto2.field(3, betterproto2.TYPE_BOOL)
+    """
+    the node is unknown here or Down: call RegisterNode
+    """
+
+    error: "ErrorDetail | None" = betterproto2.field(4, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    refused (replayed sequence, over the node's rate, ...); unset = accepted
+    """
+
+
+default_message_pool.register_message("lattice.v1", "NodeHeartbeatResult", NodeHeartbeatResult)
+
+
+@dataclass(eq=False, repr=False)
 class PmiFenceRequest(betterproto2.Message):
     allocation_id: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -5235,6 +5371,21 @@ class ScalingStatus(betterproto2.Message):
     blocked: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
     """
     why a wanted scale-up does not happen now; "" = nothing holds it back
+    """
+
+    releasing: "list[str]" = betterproto2.field(6, betterproto2.TYPE_STRING, repeated=True)
+    """
+    scale-down waiting for a checkpoint: the nodes it will release
+    """
+
+    release_at: "float | None" = betterproto2.field(7, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    when the application was asked to checkpoint first
+    """
+
+    release_by: "float | None" = betterproto2.field(8, betterproto2.TYPE_DOUBLE, optional=True)
+    """
+    when the release goes ahead without the checkpoint
     """
 
 
@@ -8172,6 +8323,28 @@ class NodeServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def batch_heartbeat(
+        self,
+        message: "BatchHeartbeatRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "BatchHeartbeatResponse":
+        """
+        Many nodes' heartbeats in one call (spec: heartbeat coalescing), from a process that
+        speaks for several nodes; each is handled as a Heartbeat and answered per node.
+        """
+
+        return await self._unary_unary(
+            "/lattice.v1.NodeService/BatchHeartbeat",
+            message,
+            BatchHeartbeatResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
     async def watch_desired_state(
         self,
         message: "WatchDesiredStateRequest",
@@ -10078,6 +10251,14 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def batch_heartbeat(self, message: "BatchHeartbeatRequest") -> "BatchHeartbeatResponse":
+        """
+        Many nodes' heartbeats in one call (spec: heartbeat coalescing), from a process that
+        speaks for several nodes; each is handled as a Heartbeat and answered per node.
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def watch_desired_state(
         self, message: "WatchDesiredStateRequest"
     ) -> "AsyncIterator[DesiredState]":
@@ -10210,6 +10391,14 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.heartbeat(request)
         await stream.send_message(response)
 
+    async def __rpc_batch_heartbeat(
+        self, stream: "grpclib.server.Stream[BatchHeartbeatRequest, BatchHeartbeatResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.batch_heartbeat(request)
+        await stream.send_message(response)
+
     async def __rpc_watch_desired_state(
         self, stream: "grpclib.server.Stream[WatchDesiredStateRequest, DesiredState]"
     ) -> None:
@@ -10324,6 +10513,12 @@ class NodeServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 HeartbeatRequest,
                 HeartbeatResponse,
+            ),
+            "/lattice.v1.NodeService/BatchHeartbeat": grpclib.const.Handler(
+                self.__rpc_batch_heartbeat,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                BatchHeartbeatRequest,
+                BatchHeartbeatResponse,
             ),
             "/lattice.v1.NodeService/WatchDesiredState": grpclib.const.Handler(
                 self.__rpc_watch_desired_state,

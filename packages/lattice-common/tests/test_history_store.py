@@ -1,0 +1,101 @@
+"""The history store (lattice_common.history) on SQLite and on a throwaway PostgreSQL:
+append then replay adds nothing, the cursor moves with each batch in the same
+transaction, a record that has not ended is refused, and the readers' filters."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from lattice_common.history import HistoryStore, merge, sqlite_url
+from lattice_common.types import Allocation, AllocationSpec, AllocationState
+
+_n = itertools.count()
+
+
+def ended(aid: str, *, user: str = "alice", at: float = 1000.0, code: int = 0) -> Allocation:
+    return Allocation(
+        id=aid,
+        spec=AllocationSpec(tenant="t", vcluster="v", user=user, entrypoint="true"),
+        state=AllocationState.COMPLETED if code == 0 else AllocationState.FAILED,
+        submitted_at=at - 10,
+        started_at=at - 5,
+        finished_at=at,
+        exit_code=code,
+    )
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    if request.param == "sqlite":
+        url = sqlite_url(str(tmp_path / "history.db"))
+    else:
+        pg = request.getfixturevalue("postgres_server")
+        url = pg.create_database(f"history_{next(_n)}_{id(tmp_path) % 100000}")
+    s = await HistoryStore.open(url)
+    yield s
+    await s.close()
+
+
+async def test_append_is_idempotent_on_replay_and_moves_the_cursor(store: HistoryStore) -> None:
+    assert await store.cursor() == (0, 0)
+    batch = [ended("a1"), ended("a2", code=3)]
+    assert await store.append(batch, revision=7) == 2
+    assert await store.cursor() == (7, 2)
+    # the sweeper crashed before proposing the removal: the next sweep replays the batch
+    assert await store.append([*batch, ended("a3")], revision=9) == 1
+    assert await store.cursor() == (9, 3)
+    assert await store.count() == 3
+    got = await store.get("a2")
+    assert got is not None and got.exit_code == 3 and got.state == AllocationState.FAILED
+
+
+async def test_a_record_that_has_not_ended_is_refused_and_nothing_written(
+    store: HistoryStore,
+) -> None:
+    running = ended("r1")
+    running.state = AllocationState.RUNNING
+    with pytest.raises(ValueError, match="has not ended"):
+        await store.append([ended("ok"), running], revision=3)
+    assert await store.count() == 0 and await store.cursor() == (0, 0)
+
+
+async def test_readers_filter_like_the_listing(store: HistoryStore) -> None:
+    await store.append(
+        [ended("b1", at=100.0), ended("b2", user="bob", at=200.0), ended("b3", at=300.0, code=1)],
+        revision=1,
+    )
+    assert [a.id for a in await store.matching(user="alice")] == ["b1", "b3"]
+    assert [a.id for a in await store.matching(states={AllocationState.FAILED})] == ["b3"]
+    assert [a.id for a in await store.matching(limit=2)] == ["b2", "b3"]  # the newest
+    assert [a.id for a in await store.ended_since(150.0, user="alice")] == ["b3"]
+    assert sorted(a.id for a in await store.ended_since(150.0)) == ["b2", "b3"]
+    assert await store.get("nope") is None
+    assert set(await store.get_many(["b1", "b3", "nope"])) == {"b1", "b3"}
+
+
+def test_merge_prefers_the_live_record_and_never_duplicates() -> None:
+    live = ended("x", at=50.0)
+    live.exit_code = 9
+    out = merge([live], [ended("x", at=50.0), ended("y", at=10.0)])
+    assert [a.id for a in out] == ["y", "x"] and out[1].exit_code == 9
+
+
+def test_members_opening_one_store_at_once_all_start(tmp_path) -> None:
+    """Quorum members sharing a store start together; the loser of the create race
+    used to die with "table allocation_history already exists"."""
+    import subprocess
+    import sys
+
+    code = (
+        "import asyncio, sys\n"
+        "from lattice_common.history import HistoryStore, sqlite_url\n"
+        "async def main():\n"
+        "    s = await HistoryStore.open(sqlite_url(sys.argv[1]))\n"
+        "    await s.close()\n"
+        "asyncio.run(main())\n"
+    )
+    path = str(tmp_path / "history.db")
+    procs = [subprocess.Popen([sys.executable, "-c", code, path]) for _ in range(4)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
