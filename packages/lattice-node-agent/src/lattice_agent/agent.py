@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 from lattice_common.agents import AgentChannels
-from lattice_common.config import CheckpointConfig, TelemetryConfig
+from lattice_common.config import CheckpointConfig, StorageConfig, TelemetryConfig
 from lattice_common.errors import LatticeError
 from lattice_common.proto.lattice import v1
 from lattice_common.rpc import TRANSPORT_ERRORS, Endpoints, auth_metadata, decode_grpc_error
@@ -36,6 +36,10 @@ from prometheus_client import Gauge, Histogram
 from lattice_agent.attach import AttachManager
 from lattice_agent.cgroups import CgroupManager
 from lattice_agent.checkpoint import CheckpointManager
+from lattice_agent.checkpoint.remote import STAGING_DIR as CHECKPOINT_STAGING_DIR
+from lattice_agent.checkpoint.remote import RemoteCheckpoints
+from lattice_agent.checkpoint.remote import is_remote as is_remote_checkpoint_root
+from lattice_agent.checkpoint.remote import open_store as open_checkpoint_store
 from lattice_agent.hydra import HydraSockets
 from lattice_agent.identity import IdentityPolicy
 from lattice_agent.lifecycle import REASON_PREEMPTED
@@ -119,6 +123,7 @@ class Agent:
         log_flush_interval: float = 10.0,  # log store: storage.log_flush_interval_seconds
         sensitive_log_store: LogStore | None = None,  # log store: the encrypted pool
         checkpoint: CheckpointConfig | None = None,  # checkpoints: root, timeout, deferral
+        checkpoint_storage: StorageConfig | None = None,  # checkpoints: an s3:// root's endpoint
     ) -> None:
         self.node_id = node_id
         # mTLS identity (lattice_agent.tls_identity); None = plaintext with the token
@@ -180,10 +185,19 @@ class Agent:
         )
         # checkpoints of the allocations this node heads (lattice_agent.checkpoint)
         ck = checkpoint if checkpoint is not None else CheckpointConfig()
+        remote = (  # checkpoints: an s3:// root, written through staging on this node
+            RemoteCheckpoints(
+                open_checkpoint_store(ck.checkpoint_root, checkpoint_storage),
+                Path(work_dir).absolute() / CHECKPOINT_STAGING_DIR,
+            )
+            if is_remote_checkpoint_root(ck.checkpoint_root)
+            else None
+        )
         self.checkpoints = CheckpointManager(
             self.runtime,
             node_id=node_id,
             work_dir=work_dir,
+            remote=remote,
             root=Path(ck.checkpoint_root),
             timeout=ck.checkpoint_timeout_seconds,
             max_deferral=ck.max_deferral_seconds,
@@ -555,11 +569,14 @@ class Agent:
             elif isinstance(act, Forget):
                 self.runtime.forget(act.allocation_id)
                 self.attempts.pop(act.allocation_id, None)
+            elif isinstance(act, Checkpoint) and act.hint_id:  # the broker's: and continue
+                self.checkpoints.begin_hint(act.allocation, act.hint_id)
             elif isinstance(act, Checkpoint):  # checkpoints: through its protocol
                 self.checkpoints.begin(act.allocation)
             elif isinstance(act, Start):
                 a = act.allocation
                 self.attempts[a.id] = attempt(a)
+                await self.checkpoints.prepare(a)  # checkpoints: a stored one to resume from
                 await self.runtime.start(a, nodelist=list(a.assigned_nodes))
                 if a.started_at:
                     STARTUP.labels(self.node_id).observe(max(0.0, time.time() - a.started_at))

@@ -311,6 +311,7 @@ async def run(args: argparse.Namespace) -> None:
         log_flush_interval=cfg.storage.log_flush_interval_seconds,  # log store
         sensitive_log_store=open_sensitive_log_store(cfg.storage),  # log store: encrypted
         checkpoint=cfg.checkpoint,  # checkpoints: root, timeout, max deferral
+        checkpoint_storage=cfg.storage,  # checkpoints: an s3:// root's endpoint, credentials
     )
     await run_until_signal(agent.run())
 

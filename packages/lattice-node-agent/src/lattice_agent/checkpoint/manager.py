@@ -19,9 +19,10 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+import shutil
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from lattice_common.types import (
@@ -36,6 +37,7 @@ from lattice_agent.checkpoint import paths
 from lattice_agent.checkpoint.base import CheckpointProtocol
 from lattice_agent.checkpoint.callback import CallbackProtocol, Registry
 from lattice_agent.checkpoint.coordinator import Coordinator, Outcome
+from lattice_agent.checkpoint.remote import REASON_UNAVAILABLE, RemoteCheckpoints
 from lattice_agent.checkpoint.shmem import ShmemProtocol, create_region
 from lattice_agent.checkpoint.signal import SignalProtocol
 from lattice_agent.identity import IdentityError, IdentityPolicy
@@ -59,10 +61,16 @@ class CheckpointManager:
         identities: IdentityPolicy | None = None,
         on_result: Callable[[], None] | None = None,
         poll_interval: float = 0.1,
+        remote: RemoteCheckpoints | None = None,
     ) -> None:
         self.runtime = runtime
         self.node_id = node_id
         self.work_dir = Path(work_dir).absolute()
+        # an S3 root (lattice_agent.checkpoint.remote): applications write into its
+        # staging directory on this node, the agent uploads what they wrote
+        self.remote = remote
+        if remote is not None:
+            root = remote.staging
         self.root = Path(root).absolute() if root is not None else None
         self.timeout = timeout
         self.max_deferral = max_deferral
@@ -72,6 +80,10 @@ class CheckpointManager:
         self._registries: dict[str, Registry] = {}
         self._tasks: dict[str, asyncio.Task[Outcome]] = {}
         self.outcomes: dict[str, Outcome] = {}
+        # checkpoint broker hints (checkpoint and continue): allocation id -> (hint id,
+        # its coordinator / its outcome until the quorum has recorded it)
+        self._hint_tasks: dict[str, tuple[str, asyncio.Task[Outcome]]] = {}
+        self.hint_outcomes: dict[str, tuple[str, Outcome]] = {}
 
     # --- each run ------------------------------------------------------------------
 
@@ -86,8 +98,16 @@ class CheckpointManager:
 
     def environment(self, alloc: Allocation, alloc_dir: Path) -> dict[str, str]:
         """The run's checkpoint variables; makes its checkpoint directory and (shmem) a
-        fresh flag region first. Called by the runtime right before it spawns."""
+        fresh flag region first. Called by the runtime right before it spawns; OSError
+        when a stored checkpoint to resume from could not be fetched (the run fails to
+        start, saying why)."""
         env = paths.environment(self.root, alloc, alloc_dir)
+        if self.remote is not None:
+            local = self.remote.local_path(alloc)  # downloaded by prepare()
+            if local is not None:
+                env[paths.ENV_CHECKPOINT_PATH] = str(local)
+            if alloc.spec.checkpointable:
+                self.remote.staged(alloc)
         if self.root is None or not alloc.spec.checkpointable:
             return env
         owner = self._owner(alloc)
@@ -105,6 +125,12 @@ class CheckpointManager:
             log.error("allocation %s: no checkpoint directory: %s", alloc.id, e)
         return env
 
+    async def prepare(self, alloc: Allocation) -> None:
+        """Before a run starts: the checkpoint it resumes from, when that is in a bucket,
+        downloaded into staging."""
+        if self.remote is not None:
+            await self.remote.restore(alloc)
+
     def _heads(self, a: Allocation) -> bool:
         return bool(a.assigned_nodes) and a.assigned_nodes[0] == self.node_id
 
@@ -113,10 +139,18 @@ class CheckpointManager:
         allocations that left this node is dropped (a running coordinator cancelled)."""
         for aid in [a for a in self._registries if a not in assigned]:
             await self._registries.pop(aid).close()
+        if self.remote is not None:
+            await asyncio.to_thread(self.remote.keep, set(assigned))
         for aid in [a for a in self._tasks if a not in assigned]:
             self._tasks.pop(aid).cancel()
         for aid in [a for a in self.outcomes if a not in assigned]:
             del self.outcomes[aid]
+        for aid in [a for a in self._hint_tasks if a not in assigned]:
+            self._hint_tasks.pop(aid)[1].cancel()
+        for aid, (hint_id, _) in list(self.hint_outcomes.items()):
+            h = assigned[aid].checkpoint_hint if aid in assigned else None
+            if h is None or h.id != hint_id or h.done_at is not None:
+                del self.hint_outcomes[aid]  # recorded (or moot): no longer reported
         for aid, a in assigned.items():
             if (
                 aid in self._registries
@@ -154,6 +188,44 @@ class CheckpointManager:
         """Checkpoint ``a`` (idempotent: one coordinator per run)."""
         if a.id in self._tasks or a.id in self.outcomes or self.root is None:
             return
+        hinted = self._hint_tasks.pop(a.id, None)
+        if hinted is not None:  # preemption or suspend wins over a broker hint
+            hinted[1].cancel()
+        self._tasks[a.id] = self._start(a, stop=True)
+        self._tasks[a.id].add_done_callback(lambda t, aid=a.id: self._done(aid, t))
+
+    def begin_hint(self, a: Allocation, hint_id: str) -> None:
+        """Checkpoint ``a`` for the broker's hint ``hint_id`` and let it run on
+        (idempotent per hint). The application writes into its run's checkpoint
+        directory as for any request; once complete that directory is moved to
+        ``{id}-{hint_id}`` so the next request (a later hint, or preemption) starts from
+        an empty one while the completed checkpoint stays where it was recorded."""
+        if self.root is None or a.id in self._tasks or a.id in self.outcomes:
+            return
+        if self._hint_tasks.get(a.id, ("",))[0] == hint_id:
+            return
+        if self.hint_outcomes.get(a.id, ("",))[0] == hint_id:
+            return
+        task = self._start(a, stop=False, hint_id=hint_id)
+        self._hint_tasks[a.id] = (hint_id, task)
+        task.add_done_callback(lambda t, aid=a.id, h=hint_id: self._hint_done(aid, h, t))
+
+    def _hint_done(self, alloc_id: str, hint_id: str, task: asyncio.Task[Outcome]) -> None:
+        if self._hint_tasks.get(alloc_id, ("", None))[1] is task:
+            del self._hint_tasks[alloc_id]
+        if task.cancelled():
+            return
+        exc = task.exception()
+        outcome = Outcome(ok=False, reason=f"checkpoint_failed: {exc}") if exc else task.result()
+        if exc is not None:
+            log.error("allocation %s: hinted checkpoint failed", alloc_id, exc_info=exc)
+        self.hint_outcomes[alloc_id] = (hint_id, outcome)
+        if self.on_result is not None:
+            self.on_result()
+
+    def _start(self, a: Allocation, *, stop: bool, hint_id: str = "") -> asyncio.Task[Outcome]:
+        assert self.root is not None
+        stop_processes = stop
         directory = paths.checkpoint_dir(self.root, a)
 
         def alive() -> bool:
@@ -165,7 +237,8 @@ class CheckpointManager:
             return r.reason if r is not None else ""
 
         async def stop(reason: str) -> None:
-            await self.runtime.stop(a.id, reason=reason)
+            if stop_processes:
+                await self.runtime.stop(a.id, reason=reason)
 
         coordinator = Coordinator(
             a.id,
@@ -180,15 +253,17 @@ class CheckpointManager:
             poll_interval=self.poll_interval,
         )
         log.info(
-            "allocation %s: checkpoint %s requested (%s) into %s",
+            "allocation %s: checkpoint %s requested (%s%s) into %s",
             a.id,
             paths.checkpoint_id(a),
             a.spec.checkpoint_protocol,
+            f", {hint_id}: and continue" if hint_id else "",
             directory,
         )
-        task = asyncio.create_task(coordinator.run(), name=f"checkpoint-{a.id}")
-        self._tasks[a.id] = task
-        task.add_done_callback(lambda t, aid=a.id: self._done(aid, t))
+        run = coordinator.run() if not hint_id else _kept(coordinator, directory, hint_id)
+        if self.remote is not None:
+            run = _stored(self.remote, a, coordinator, run, stop if stop_processes else None)
+        return asyncio.create_task(run, name=f"checkpoint-{a.id}")
 
     def _done(self, alloc_id: str, task: asyncio.Task[Outcome]) -> None:
         if self._tasks.get(alloc_id) is task:
@@ -215,7 +290,10 @@ class CheckpointManager:
         for r in reports:
             aid = r.allocation_id
             outcome = self.outcomes.get(aid)
-            if r.phase != "exited" or (outcome is None and aid not in self._tasks):
+            hinted = self.hint_outcomes.get(aid)
+            if r.phase == "running" and hinted is not None:
+                out.append(_hint_report(r, *hinted))
+            elif r.phase != "exited" or (outcome is None and aid not in self._tasks):
                 out.append(r)
             elif outcome is None:  # exited mid-checkpoint: the coordinator decides
                 out.append(msgspec.structs.replace(r, phase=PHASE_CHECKPOINTING))
@@ -240,6 +318,9 @@ class CheckpointManager:
         return out
 
     async def close(self) -> None:
+        for _, t in self._hint_tasks.values():
+            t.cancel()
+        self._hint_tasks.clear()
         for t in self._tasks.values():
             t.cancel()
         for t in list(self._tasks.values()):
@@ -249,3 +330,60 @@ class CheckpointManager:
         for reg in self._registries.values():
             await reg.close()
         self._registries.clear()
+        if self.remote is not None:
+            await self.remote.close()
+
+
+async def _stored(
+    remote: RemoteCheckpoints,
+    a: Allocation,
+    coordinator: Coordinator,
+    run: Coroutine[Any, Any, Outcome],
+    stop: Callable[[str], Awaitable[None]] | None,
+) -> Outcome:
+    """A checkpoint into a bucket. For preemption or suspend (``stop`` given) the bucket
+    is probed first: when it does not answer the application is not asked, its
+    processes are stopped (SIGTERM, grace, SIGKILL) and the outcome fails, so the
+    allocation ends Failed rather than waiting on a checkpoint that cannot be kept.
+    Otherwise the application checkpoints into staging and what it wrote is uploaded."""
+    if stop is not None:
+        error = await remote.probe()
+        if error:
+            run.close()  # never started: the application is not asked
+            await coordinator.protocol.close()
+            reason = f"{REASON_UNAVAILABLE}: {error}"
+            log.warning("allocation %s: %s; stopping it without a checkpoint", a.id, reason)
+            await stop(reason)
+            return Outcome(ok=False, reason=reason)
+    return await remote.publish(a, await run)
+
+
+async def _kept(coordinator: Coordinator, directory: Path, hint_id: str) -> Outcome:
+    """A hinted checkpoint's run: on success its directory is moved aside (to
+    ``{id}-{hint_id}``) and the record points there."""
+    outcome = await coordinator.run()
+    if not outcome.ok or outcome.record is None:
+        return outcome
+    dest = directory.with_name(f"{directory.name}-{hint_id}")
+
+    def move() -> None:
+        shutil.rmtree(dest, ignore_errors=True)
+        directory.rename(dest)
+
+    await asyncio.to_thread(move)
+    record = msgspec.structs.replace(outcome.record, id=dest.name, path=str(dest))
+    return msgspec.structs.replace(outcome, record=record)
+
+
+def _hint_report(r: AllocationReport, hint_id: str, outcome: Outcome) -> AllocationReport:
+    if outcome.ok and outcome.record is not None:
+        ck = outcome.record
+        return msgspec.structs.replace(
+            r,
+            hint_id=hint_id,
+            checkpoint_id=ck.id,
+            checkpoint_path=ck.path,
+            checkpoint_size_bytes=ck.size_bytes,
+            checkpoint_duration_seconds=ck.duration_seconds,
+        )
+    return msgspec.structs.replace(r, hint_id=hint_id, reason=outcome.reason or "checkpoint_failed")
