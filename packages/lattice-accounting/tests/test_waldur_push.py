@@ -183,6 +183,8 @@ async def test_erroring_waldur_backs_off_and_then_delivers_everything_once(
         assert waldur.orders == []
         waldur.erroring(0)
         await until(lambda: len(waldur.orders) == 7, "delivery after the errors")
+        # the usage of the completed allocation is its own request, after its order
+        await until(lambda: waldur.invoice_items.get("physics"), "the invoice item")
     assert waldur.backend_ids == [*(f"ev-{i:04d}" for i in range(6)), "done-0000"]
     assert len(waldur.invoice_items["physics"]) == 1
     await pusher.client.close()

@@ -99,3 +99,30 @@ def test_members_opening_one_store_at_once_all_start(tmp_path) -> None:
     path = str(tmp_path / "history.db")
     procs = [subprocess.Popen([sys.executable, "-c", code, path]) for _ in range(4)]
     assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
+
+
+async def test_the_end_time_window_and_limit_are_applied_by_the_database(
+    store: HistoryStore,
+) -> None:
+    """``lattice history --since/--until/--limit``: rows outside the window never leave
+    the database, and the limit keeps the latest to END (not the latest submitted)."""
+    late_submitted_early_end = ended("w4", at=250.0)
+    late_submitted_early_end.submitted_at = 240.0
+    await store.append(
+        [
+            ended("w1", at=100.0),
+            ended("w2", at=200.0),
+            ended("w3", at=300.0, user="bob"),
+            late_submitted_early_end,
+            ended("w5", at=400.0, code=1),
+        ],
+        revision=1,
+    )
+    got = await store.matching(ended_since=200.0, ended_until=400.0)
+    assert [a.id for a in got] == ["w2", "w4", "w3"]  # oldest submission first
+    assert [a.id for a in await store.matching(ended_since=260.0, user="alice")] == ["w5"]
+    assert [a.id for a in await store.matching(ended_until=200.0)] == ["w1"]
+    # the two latest to end are w5 (400) and w3 (300), though w4 was submitted after w3
+    latest = await store.matching(ended_since=0.0, limit=2)
+    assert sorted(a.id for a in latest) == ["w3", "w5"]
+    assert await store.matching(ended_since=500.0) == []

@@ -275,11 +275,21 @@ class HistoryStore:
         user: str | None = None,
         task_group: str | None = None,
         limit: int | None = None,
+        ended_since: float | None = None,
+        ended_until: float | None = None,
     ) -> list[Allocation]:
         """Stored allocations passing every given filter, oldest submission first;
-        ``limit`` keeps the newest ``limit`` (the filters of ``ListAllocations``)."""
+        ``limit`` keeps the newest ``limit`` (the filters of ``ListAllocations``).
+        With ``ended_since`` / ``ended_until`` only those that ended in
+        ``[ended_since, ended_until)``, and ``limit`` keeps the latest to end
+        (``lattice history --since/--until/--limit``): the database filters and cuts,
+        so a request reads what it returns, not the whole history."""
         h = allocation_history.c
         q = select(h.record)
+        if ended_since is not None:
+            q = q.where(h.finished_at >= ended_since)
+        if ended_until is not None:
+            q = q.where(h.finished_at < ended_until)
         if states is not None:
             q = q.where(h.state.in_([s.value for s in states]))
         if tenant:
@@ -290,12 +300,17 @@ class HistoryStore:
             q = q.where(h.user_name == user)
         if task_group:
             q = q.where(h.task_group_id == task_group)
-        q = q.order_by(h.submitted_at.desc(), h.allocation_id.desc())
+        if ended_since is not None or ended_until is not None:
+            q = q.order_by(h.finished_at.desc(), h.allocation_id.desc())
+        else:
+            q = q.order_by(h.submitted_at.desc(), h.allocation_id.desc())
         if limit:
             q = q.limit(limit)
         async with self.engine.connect() as conn:
             rows = (await conn.execute(q)).all()
-        return [_dec.decode(r[0]) for r in reversed(rows)]
+        out = [_dec.decode(r[0]) for r in rows]
+        out.sort(key=lambda a: (a.submitted_at, a.id))
+        return out
 
     async def ended_since(
         self, since: float, *, tenant: str | None = None, user: str | None = None
