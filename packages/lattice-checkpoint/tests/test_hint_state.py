@@ -5,13 +5,16 @@ commands are ones an internal service may propose."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from lattice_agent.checkpoint.paths import environment
 from lattice_api.auth import Identity, Role
 from lattice_api.ops.quorum import check_proposer
 from lattice_common import commands as c
 from lattice_common.errors import PermissionDenied
 from lattice_common.types import AllocationState as A
-from lattice_common.types import CheckpointRecord, NodeCapabilities
+from lattice_common.types import CheckpointRecord, NodeCapabilities, NodeState
 from lattice_quorum.state import GlobalState, apply
 from lattice_test_harness import builders as b
 
@@ -159,3 +162,51 @@ def test_the_broker_may_propose_its_commands_and_nothing_more() -> None:
     check_proposer(who, c.SetCheckpointEstimates(minutes={"a": 1.0}))
     with pytest.raises(PermissionDenied):  # outcomes come from the agents' heartbeats
         check_proposer(who, c.CompleteCheckpointHint(allocation_id="a", node_id="n", hint_id="h"))
+
+
+def _node_dies(s: GlobalState, node: str, now: float) -> None:
+    ok(s, c.SetNodeHealth(node_id=node, state=NodeState.DOWN, reason="no heartbeat", now=now))
+
+
+def test_a_run_lost_with_its_node_resumes_from_the_hint_checkpoint() -> None:
+    s = world()
+    aid = running(s)
+    ok(s, c.IssueCheckpointHint(allocation_id=aid, epoch=0, now=30))
+    ok(
+        s,
+        c.CompleteCheckpointHint(
+            allocation_id=aid, node_id="n0", hint_id="hint-1", checkpoint=record(aid), now=40
+        ),
+    )
+    _node_dies(s, "n0", 50)
+    a = s.allocations[aid]
+    assert a.state == A.PENDING and a.reason == "node_failure" and a.requeue_count == 1
+    assert a.resume_from_checkpoint and a.last_checkpoint == record(aid)
+    # the next run, on the other node, is started from that checkpoint
+    ok(s, c.AssignNodes(allocation_id=aid, node_ids=["n1"], now=60))
+    env = environment(None, s.allocations[aid], Path("/tmp"))
+    assert env == {"LATTICE_RESUME": "1", "LATTICE_CHECKPOINT_PATH": record(aid).path}
+
+
+def test_a_run_lost_with_its_node_without_a_hint_checkpoint_starts_over() -> None:
+    s = world()
+    plain = running(s, "n0")
+    failed = running(s, "n1")
+    ok(s, c.IssueCheckpointHint(allocation_id=failed, epoch=0, now=30))
+    ok(
+        s,
+        c.CompleteCheckpointHint(
+            allocation_id=failed,
+            node_id="n1",
+            hint_id="hint-1",
+            outcome="checkpoint_timeout",
+            now=40,
+        ),
+    )
+    _node_dies(s, "n0", 50)
+    _node_dies(s, "n1", 50)
+    for aid in (plain, failed):
+        a = s.allocations[aid]
+        assert a.state == A.PENDING and a.reason == "node_failure"
+        assert not a.resume_from_checkpoint and a.last_checkpoint is None
+        assert environment(None, a, Path("/tmp")) == {}

@@ -16,6 +16,10 @@ Storage: a write probe before every evaluation (:class:`StorageProbe`: the
 model's write time; when it fails, hints pause, ``lattice_checkpoint_storage_unavailable``
 is 1, and on recovery the allocations with the most recompute to save go first.
 
+Node health: a Degraded node (quorum state) and, with a TSDB, the GPUs' ECC errors and
+thermal warnings (:mod:`lattice_checkpoint.health`), the worst over an allocation's
+nodes, raise its failure probability.
+
 The scheduler's f8 reads each allocation's ``checkpoint_minutes``, which the broker
 publishes (``SetCheckpointEstimates``, only changes) from the last measured checkpoint
 or from the size estimate and the measured bandwidth.
@@ -66,6 +70,7 @@ ESTIMATE_TOLERANCE = 0.05  # relative change of an f8 estimate worth publishing
 BANDWIDTH_SMOOTHING = 0.5  # weight of the newest probe in the bandwidth estimate
 PROBE_BYTES = 4 << 20
 HINT_BATCH = 256  # hints per quorum entry
+HINT_ORDER_STEP = 1e-5  # seconds between the recorded times of a batch's hints
 
 
 # --------------------------------------------------------------------------- storage
@@ -76,6 +81,12 @@ class StorageProbe(Protocol):
     :class:`lattice_checkpoint.storage.CheckpointStore` is one."""
 
     async def probe(self) -> ProbeResult: ...
+
+
+class HealthSource(Protocol):
+    """Node id -> health signals (:class:`lattice_checkpoint.health.TsdbHealth`)."""
+
+    async def read(self) -> dict[str, cost.NodeHealth]: ...
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -140,8 +151,10 @@ def evaluate(
     *,
     interval: float,
     params: cost.ModelParams | None = None,
+    health: Mapping[str, cost.NodeHealth] | None = None,
 ) -> Evaluation:
-    """One pass of the broker's decisions over a state snapshot (pure)."""
+    """One pass of the broker's decisions over a state snapshot (pure). ``health``:
+    node id -> its telemetry signals (ECC errors, thermal warnings), when known."""
     params = params or cost.ModelParams()
     ev = Evaluation()
     pending: list[Allocation] = []
@@ -162,7 +175,7 @@ def evaluate(
     for a in running:
         for nid in a.assigned_nodes:
             if nid not in facts and (n := nodes.get(nid)) is not None:
-                facts[nid] = NodeFacts(n)
+                facts[nid] = NodeFacts(n, health.get(nid) if health else None)
     scored: list[Hint] = []
     for a in running:
         # checkpoint: manual leaves the when to the application (preemption still asks)
@@ -207,14 +220,16 @@ def evaluate(
 class NodeFacts:
     """What the cost model needs of a node, read once per evaluation pass."""
 
-    __slots__ = ("degraded", "gpu_memory", "gpus", "home")
+    __slots__ = ("degraded", "ecc", "gpu_memory", "gpus", "home", "thermal")
 
-    def __init__(self, n: Node) -> None:
+    def __init__(self, n: Node, health: cost.NodeHealth | None = None) -> None:
         caps = n.capabilities
         self.gpus = len(caps.gpus) or caps.gpu_count
         self.gpu_memory = float(sum(g.memory_bytes for g in caps.gpus)) if caps.gpus else 0.0
         self.degraded = n.state == NodeState.DEGRADED
         self.home = n.home_vcluster
+        self.ecc = health.ecc_errors if health is not None else 0
+        self.thermal = health.thermal_warnings if health is not None else 0
 
 
 def job_view(
@@ -224,16 +239,22 @@ def job_view(
     measured duration (None: none yet)."""
     assigned = a.assigned_nodes
     head = facts.get(assigned[0]) if assigned else None
+    # the worst of its nodes: one failing node loses the whole run
     degraded = False
+    ecc = thermal = 0
     for nid in assigned:
         f = facts.get(nid)
-        if f is not None and f.degraded:
-            degraded = True
-            break
+        if f is not None:
+            degraded = degraded or f.degraded
+            ecc = f.ecc if f.ecc > ecc else ecc
+            thermal = f.thermal if f.thermal > thermal else thermal
     start = a.started_at if a.started_at is not None else now
     ck = a.last_checkpoint
     last = ck.at if ck is not None and ck.at >= start else start
     walltime = a.spec.walltime_seconds
+    health = _DEGRADED if degraded else _HEALTHY
+    if ecc or thermal:
+        health = cost.NodeHealth(ecc_errors=ecc, thermal_warnings=thermal, degraded=degraded)
     job = cost.JobView(
         allocation_id=a.id,
         node_count=len(assigned) or 1,
@@ -245,7 +266,7 @@ def job_view(
         preemption_class=a.spec.preemption_class,
         borrowed=head is not None and head.home not in ("", a.spec.vcluster),
         measured_checkpoint_bytes=ck.size_bytes if ck is not None and ck.size_bytes > 0 else None,
-        health=_DEGRADED if degraded else _HEALTHY,
+        health=health,
     )
     return job, (ck.duration_seconds if ck is not None else None)
 
@@ -267,8 +288,10 @@ class Broker:
         params: cost.ModelParams | None = None,
         storage_cost_gpu_hours_per_gb: float = cost.DEFAULT_STORAGE_COST_GPU_HOURS_PER_GB,
         reconnect_delay: float = 0.5,
+        health: HealthSource | None = None,
     ) -> None:
         self.quorum = quorum
+        self.health = health
         self.probe = probe
         self.interval = interval
         self.params = params or cost.ModelParams()
@@ -339,6 +362,7 @@ class Broker:
 
     async def evaluate_once(self) -> Evaluation:
         storage = await self.check_storage()
+        health = await self.health.read() if self.health is not None else None
         t0 = time.perf_counter()
         ev = evaluate(
             self.mirror.allocations,
@@ -347,6 +371,7 @@ class Broker:
             storage,
             interval=self.interval,
             params=self.params,
+            health=health,
         )
         EVAL_DURATION.observe(time.perf_counter() - t0)
         EVALUATIONS.inc()
@@ -361,11 +386,16 @@ class Broker:
 
     async def _hint_batch(self, hints: list[Hint]) -> None:
         now = time.time()
+        # each hint's time is its place in the order (most recompute to save first),
+        # so the quorum's records show the order the hints went out in
         cmds: list[c.Command] = [
             c.IssueCheckpointHint(
-                allocation_id=h.allocation_id, epoch=h.epoch, reason=h.decision.reason, now=now
+                allocation_id=h.allocation_id,
+                epoch=h.epoch,
+                reason=h.decision.reason,
+                now=now + i * HINT_ORDER_STEP,
             )
-            for h in hints
+            for i, h in enumerate(hints)
         ]
         try:
             res = await self.quorum.propose(c.Batch(commands=cmds, now=now))

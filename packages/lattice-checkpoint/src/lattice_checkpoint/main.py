@@ -51,6 +51,7 @@ def build_broker(args: argparse.Namespace) -> Broker:
     metrics endpoint)."""
     from lattice_checkpoint import cost
     from lattice_checkpoint.broker import PROBE_BYTES, Broker
+    from lattice_checkpoint.health import TsdbHealth
     from lattice_checkpoint.storage import open_checkpoint_store
 
     cfg = load_config(args.config)
@@ -78,6 +79,8 @@ def build_broker(args: argparse.Namespace) -> Broker:
             default_checkpoint_bytes_per_node=ck.default_checkpoint_gib_per_node * cost.GIB,
         ),
         storage_cost_gpu_hours_per_gb=ck.storage_cost_gpu_hours_per_gb,
+        # ECC and thermal signals from the TSDB the agents push to; none without one
+        health=TsdbHealth(cfg.telemetry.tsdb_endpoint) if cfg.telemetry.tsdb_endpoint else None,
     )
 
 

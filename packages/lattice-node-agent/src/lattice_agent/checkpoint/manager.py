@@ -37,7 +37,12 @@ from lattice_agent.checkpoint import paths
 from lattice_agent.checkpoint.base import CheckpointProtocol
 from lattice_agent.checkpoint.callback import CallbackProtocol, Registry
 from lattice_agent.checkpoint.coordinator import Coordinator, Outcome
-from lattice_agent.checkpoint.remote import REASON_UNAVAILABLE, RemoteCheckpoints
+from lattice_agent.checkpoint.remote import (
+    PROBE_BYTES,
+    PROBE_TIMEOUT_S,
+    REASON_UNAVAILABLE,
+    RemoteCheckpoints,
+)
 from lattice_agent.checkpoint.shmem import ShmemProtocol, create_region
 from lattice_agent.checkpoint.signal import SignalProtocol
 from lattice_agent.identity import IdentityError, IdentityPolicy
@@ -62,6 +67,7 @@ class CheckpointManager:
         on_result: Callable[[], None] | None = None,
         poll_interval: float = 0.1,
         remote: RemoteCheckpoints | None = None,
+        probe_timeout: float = PROBE_TIMEOUT_S,
     ) -> None:
         self.runtime = runtime
         self.node_id = node_id
@@ -72,6 +78,9 @@ class CheckpointManager:
         if remote is not None:
             root = remote.staging
         self.root = Path(root).absolute() if root is not None else None
+        # a file-system root (NFS, Lustre) is probed before preemption as a bucket is:
+        # an unmounted or hung mount ends the allocation Failed instead of hanging it
+        self.probe_timeout = probe_timeout
         self.timeout = timeout
         self.max_deferral = max_deferral
         self.identities = identities
@@ -263,7 +272,21 @@ class CheckpointManager:
         run = coordinator.run() if not hint_id else _kept(coordinator, directory, hint_id)
         if self.remote is not None:
             run = _stored(self.remote, a, coordinator, run, stop if stop_processes else None)
+        elif stop_processes:
+            run = _probed(self._probe_root, a, coordinator, run, stop)
         return asyncio.create_task(run, name=f"checkpoint-{a.id}")
+
+    async def _probe_root(self) -> str:
+        """'' when the file-system root takes a short write (64 KiB, fsync'd, read
+        back) within the probe timeout, else what failed."""
+        from lattice_checkpoint.storage.local import LocalCheckpointStore
+
+        assert self.root is not None
+        store = LocalCheckpointStore(
+            self.root, probe_bytes=PROBE_BYTES, probe_timeout_s=self.probe_timeout
+        )
+        result = await store.probe()
+        return "" if result.ok else (result.error or "the write probe failed")
 
     def _done(self, alloc_id: str, task: asyncio.Task[Outcome]) -> None:
         if self._tasks.get(alloc_id) is task:
@@ -347,15 +370,44 @@ async def _stored(
     allocation ends Failed rather than waiting on a checkpoint that cannot be kept.
     Otherwise the application checkpoints into staging and what it wrote is uploaded."""
     if stop is not None:
-        error = await remote.probe()
-        if error:
-            run.close()  # never started: the application is not asked
-            await coordinator.protocol.close()
-            reason = f"{REASON_UNAVAILABLE}: {error}"
-            log.warning("allocation %s: %s; stopping it without a checkpoint", a.id, reason)
-            await stop(reason)
-            return Outcome(ok=False, reason=reason)
+        refused = await _unavailable(remote.probe, a, coordinator, run, stop)
+        if refused is not None:
+            return refused
     return await remote.publish(a, await run)
+
+
+async def _probed(
+    probe: Callable[[], Awaitable[str]],
+    a: Allocation,
+    coordinator: Coordinator,
+    run: Coroutine[Any, Any, Outcome],
+    stop: Callable[[str], Awaitable[None]],
+) -> Outcome:
+    """A preemption or suspend into a file-system root: probed first, like a bucket."""
+    refused = await _unavailable(probe, a, coordinator, run, stop)
+    return refused if refused is not None else await run
+
+
+async def _unavailable(
+    probe: Callable[[], Awaitable[str]],
+    a: Allocation,
+    coordinator: Coordinator,
+    run: Coroutine[Any, Any, Outcome],
+    stop: Callable[[str], Awaitable[None]],
+) -> Outcome | None:
+    """None when the destination answers its probe. Otherwise the application is not
+    asked (it would write a checkpoint that cannot be kept, or hang in a dead mount):
+    its processes are stopped (SIGTERM, grace, SIGKILL) and the outcome fails, so the
+    allocation ends Failed rather than waiting on a checkpoint."""
+    error = await probe()
+    if not error:
+        return None
+    run.close()  # never started: the application is not asked
+    await coordinator.protocol.close()
+    reason = f"{REASON_UNAVAILABLE}: {error}"
+    log.warning("allocation %s: %s; stopping it without a checkpoint", a.id, reason)
+    await stop(reason)
+    return Outcome(ok=False, reason=reason)
 
 
 async def _kept(coordinator: Coordinator, directory: Path, hint_id: str) -> Outcome:

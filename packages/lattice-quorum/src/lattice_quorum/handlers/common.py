@@ -153,6 +153,16 @@ def requeue(
     touch_alloc(state, a, ch)  # submitted_at is kept: no queue-jumping penalty
 
 
+def resume_from_hint_checkpoint(a: Allocation) -> None:
+    """A run lost with its node resumes from the checkpoint a broker hint wrote
+    ("checkpoint and continue"; spec: Checkpoint Broker): its next run gets
+    LATTICE_RESUME=1 and LATTICE_CHECKPOINT_PATH of ``last_checkpoint``, as after a
+    suspend. Without one it starts over."""
+    h = a.checkpoint_hint
+    if h is not None and h.outcome == "ok" and a.last_checkpoint is not None:
+        a.resume_from_checkpoint = True
+
+
 # --- submission: the names, ids and rules every kind of submission shares ----------
 
 

@@ -13,7 +13,15 @@ from lattice_common.state_machine import check_node_transition
 from lattice_common.types import AllocationState, Node, NodeState, RequeuePolicy
 
 from lattice_quorum.global_state import Changes, GlobalState
-from lattice_quorum.handlers.common import bump, find_node, finish, free, requeue, touch_node
+from lattice_quorum.handlers.common import (
+    bump,
+    find_node,
+    finish,
+    free,
+    requeue,
+    resume_from_hint_checkpoint,
+    touch_node,
+)
 
 
 def register_node(state: GlobalState, cmd: c.RegisterNode, ch: Changes) -> c.CommandResult:
@@ -124,6 +132,7 @@ def _fail_node_allocations(
         and a.requeue_count < a.spec.max_requeue
     ):
         requeue(state, a, reason, ch)
+        resume_from_hint_checkpoint(a)
     else:
         finish(state, a, AllocationState.FAILED, now, reason, None, ch)
 
