@@ -192,3 +192,20 @@ def test_a_tail_of_an_older_term_is_still_replaced_by_the_leaders_entries():
         assert member._SyncObj__raftLog[-1][2] == 3
     finally:
         member.destroy()
+
+
+def test_a_committed_tail_of_an_older_term_is_kept():
+    """A member restarted after a leader change holds committed entries of the old term;
+    the new leader re-sending the first of them must not cut the rest."""
+    raw = _command_bytes(1)
+    member = _follower_at_term(SafeSyncObj, raw, count=6, term=2)
+    try:
+        last = member._SyncObj__raftLog[-1][1]
+        member._SyncObj__raftCommitIndex = last
+        member._SyncObj__raftCurrentTerm = 3
+        msg = _resent(member, raw, upto=last - 4, term=2)
+        msg["term"] = 3
+        _deliver(member, msg)
+        assert member._SyncObj__raftLog[-1][1] == last
+    finally:
+        member.destroy()

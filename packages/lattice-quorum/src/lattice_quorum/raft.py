@@ -17,13 +17,14 @@
    the first one that conflicts with the leader's. pysyncobj deletes everything after
    ``prevLogIdx`` on every message, so a message re-sent from an older ``nextIndex``
    (after a reconnect or a stale "reset" answer) cut entries the follower had already
-   acknowledged (logged as "truncating already-applied log entries"); the leader,
+   acknowledged, even applied ones ("truncating already-applied log entries"); the leader,
    whose match index never goes down, could count the follower for a commit it no
    longer held. When every entry of such a message is already in the log at the same
    term and the log's last entry is of the leader's current term, the message is
-   answered as a heartbeat at the end of the log: by Raft's log matching property an
-   entry of the leader's term can only have come from that leader, so everything up
-   to it is the leader's log and nothing needs deleting.
+   answered as a heartbeat at the end of the log when that whole log is known to be the
+   leader's: its last entry is of the leader's term (by Raft's log matching property
+   such an entry can only have come from that leader, and everything before it matches)
+   or the whole log is committed (every leader holds every committed entry).
 """
 
 from __future__ import annotations
@@ -65,8 +66,10 @@ class SafeSyncObj(SyncObj):
         prev_idx = message["prevLogIdx"]
         entries = message.get("entries") or []
         end = entries[-1][1] if entries else prev_idx
-        if end >= last_idx or last_term != message["term"]:
-            return message  # nothing after the message, or a tail of another term
+        if end >= last_idx:
+            return message  # nothing after the message to keep
+        if last_term != message["term"] and last_idx > self._SyncObj__raftCommitIndex:
+            return message  # an uncommitted tail of another term: maybe not the leader's
         first = log[0][1]
         if prev_idx < first or log[prev_idx - first][2] != message["prevLogTerm"]:
             return message  # the leader must go back further: pysyncobj answers that
