@@ -123,6 +123,8 @@ class LogPools:
         self.node_id = node_id
         self._classify = classify
         self._pools: dict[str, str] = {}
+        # classifications started ahead (``prefetch``), awaited by the first ``pool_of``
+        self._classifying: dict[str, asyncio.Task[bool]] = {}
 
     def known(self, alloc_id: str) -> str | None:
         return self._pools.get(alloc_id)
@@ -132,6 +134,32 @@ class LogPools:
 
     def forget(self, alloc_id: str) -> None:
         self._pools.pop(alloc_id, None)
+        task = self._classifying.pop(alloc_id, None)
+        if task is not None:
+            task.cancel()
+
+    def prefetch(self, alloc_id: str) -> None:
+        """Start classifying an allocation that has just started, so that its first flush
+        (for a short job: the final one, on the way to reporting its end) does not wait
+        for the round trip. A failure here is forgotten: ``pool_of`` asks again."""
+        if self._classify is None or alloc_id in self._pools or alloc_id in self._classifying:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        task = loop.create_task(self._classify(alloc_id), name=f"classify-{alloc_id}")
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self._classifying[alloc_id] = task
+
+    async def _sensitive(self, alloc_id: str) -> bool:
+        if self._classify is None:
+            return False
+        task = self._classifying.pop(alloc_id, None)
+        if task is not None:
+            with contextlib.suppress(Exception):
+                return await task
+        return await self._classify(alloc_id)
 
     async def pool_of(self, alloc_id: str) -> str:
         """The allocation's pool (classified once; exceptions of ``classify`` pass)."""
@@ -139,7 +167,7 @@ class LogPools:
         if pool is not None:
             return pool
         try:
-            sensitive = await self._classify(alloc_id) if self._classify is not None else False
+            sensitive = await self._sensitive(alloc_id)
         except Exception as e:  # unknown: nothing is written until it is known
             raise LogStoreError(
                 f"cannot tell yet whether allocation {alloc_id} is sensitive "
@@ -257,6 +285,8 @@ class LogShipper:
         if pool is None:
             self.pools.forget(alloc.id)  # a new run is classified afresh
         sh = self._add(alloc.id, logs, tail, streams, resumed=False, pool=pool)
+        if sh.pool is None:
+            self.pools.prefetch(alloc.id)
         self._save()
         log.debug("shipping the logs of %s (%s)", sh.alloc_id, logs.prefix)
 

@@ -207,6 +207,8 @@ class ProcessGroup:
         Zombies whose parent is neither us nor in the group are left to that parent.
         """
         self.signal(signal.SIGKILL)
+        if self.is_child and self._reap_leader_alone():
+            return True
         me = os.getpid()
         deadline = time.monotonic() + timeout
         while True:
@@ -234,6 +236,14 @@ class ProcessGroup:
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.02)
+
+    def _reap_leader_alone(self) -> bool:
+        """The common end, without a scan of /proc: reap the wrapper (already gone when
+        this is called) and find its group empty. While other members are left, the
+        pgid stays pinned by them (the kernel frees a pid only once no process uses it
+        as its pid, pgid or sid), so the full scan that follows still names the group."""
+        self._reap(self.pid)
+        return self.wait_code is not None and not group_exists(self.pgid)
 
     def _reap(self, pid: int) -> None:
         try:

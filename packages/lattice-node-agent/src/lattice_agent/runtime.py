@@ -520,11 +520,10 @@ class ProcessRuntime:
         if not await group.reap(_REAP_TIMEOUT):
             log.warning("allocation %s: process group %d still has members", rec.id, group.pgid)
         exit_file_code = read_exit_file(rec.paths.exit_file)
-        oom, peak = await asyncio.to_thread(self._finish_scope, rec.id)
-        await asyncio.to_thread(self._wipe_scratch, rec.id)  # nothing of the job is left
+        # one hop to a worker thread, not one per step: each hop waits for a thread and
+        # then for the event loop again, which is most of a trivial job's turnaround
+        oom, peak = await asyncio.to_thread(self._clean_up_after, rec.id)
         self._uenv.release(rec.id)  # its mount namespace is gone with the group
-        if self._oci is not None:
-            await asyncio.to_thread(self._oci.cleanup, rec.id)  # nothing there: no-op
         if self._shipper is not None and self._shipper.tracking(rec.id):
             # the group is gone, so is its output: read the rest, flush it before the end
             # is reported (bounded; the shipper keeps trying after a failure)
@@ -539,6 +538,15 @@ class ProcessRuntime:
                 peak_memory_bytes=peak,
             ),
         )
+
+    def _clean_up_after(self, alloc_id: str) -> tuple[bool, int | None]:
+        """In a worker thread, once the group is gone: the scope (OOM count, peak memory),
+        the scratch (nothing of the job is left) and the container (none there: no-op)."""
+        found = self._finish_scope(alloc_id)
+        self._wipe_scratch(alloc_id)
+        if self._oci is not None:
+            self._oci.cleanup(alloc_id)
+        return found
 
     def _finish_scope(self, alloc_id: str) -> tuple[bool, int | None]:
         """Read the scope's OOM count and peak memory, then remove it (what escaped the
