@@ -13,7 +13,7 @@ from lattice_common.types import (
     Allocation,
     AllocationState,
 )
-from lattice_common.watch import StateMirror
+from lattice_common.watch import StateDelta, StateMirror
 from lattice_scheduler.decide import decide_vcluster
 from lattice_scheduler.estimate import Simulation, changed, estimate_starts
 from lattice_test_harness import builders as b
@@ -162,3 +162,23 @@ def test_estimates_are_never_before_now_and_cover_a_finite_queue(ends, jobs) -> 
     assert all(e.estimated_start is not None and e.estimated_start >= NOW for e in est.values())
     for r in d.reservations:
         assert est[r.allocation_id].estimated_start == round(r.start_time)
+
+
+def test_deltas_applied_between_steps_do_not_change_what_the_simulation_sees() -> None:
+    """The live loop steps the simulation between event-loop turns while the watch
+    applies deltas to the same mirror: the estimates are those of the state the
+    simulation started from (it reads the allocations through a snapshot, not a copy)."""
+    jobs = [b.allocation(id=f"j{i}", walltime_seconds=100, submitted_at=NOW - i) for i in range(6)]
+    m = full_cluster(*jobs)
+    d = decide_vcluster(m, "v", NOW)
+    alone = Simulation(m, "v", NOW, d).run()
+    sim = Simulation(m, "v", NOW, d)
+    sim.step()
+    gone = msgspec.structs.replace(m.allocations["r1"], state=AllocationState.COMPLETED)
+    started = msgspec.structs.replace(
+        m.allocations["j0"], state=AllocationState.RUNNING, assigned_nodes=["n1"]
+    )
+    m.apply(StateDelta(revision=9, allocations=[gone, started, b.allocation(id="late")]))
+    m.apply(StateDelta(revision=10, removed_allocations=["r2", "j1"]))
+    assert sim.run() == alone
+    assert m.allocations["j0"].state == AllocationState.RUNNING and "j1" not in m.allocations

@@ -34,6 +34,7 @@ from lattice_common.wire import from_message, to_message
 from prometheus_client import Gauge, Histogram
 
 from lattice_agent.attach import AttachManager
+from lattice_agent.backoff import MAX_DELAY, Backoff
 from lattice_agent.cgroups import CgroupManager
 from lattice_agent.checkpoint import CheckpointManager
 from lattice_agent.checkpoint.remote import STAGING_DIR as CHECKPOINT_STAGING_DIR
@@ -471,6 +472,9 @@ class Agent:
 
     async def _heartbeat_loop(self) -> None:
         await self._registered.wait()
+        # jittered and growing (all agents fail over at once), but never later than the
+        # next heartbeat would have been: silence past the timeout costs the node's work
+        backoff = Backoff(limit=min(MAX_DELAY, self.heartbeat_interval / 1.5))
         while True:
             try:
                 await self.heartbeat()
@@ -478,8 +482,9 @@ class Agent:
                 log.warning("heartbeat via %s failed (%s)", self.endpoints.current, _why(e))
                 if not isinstance(e, GRPCError):
                     self.endpoints.rotate()
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(backoff.next())
                 continue
+            backoff.reset()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._beat_now.wait(), self.heartbeat_interval)
             self._beat_now.clear()
@@ -513,6 +518,8 @@ class Agent:
 
     async def _desired_loop(self) -> None:
         await self._registered.wait()
+        # jittered and growing (all agents fail over at once), within a heartbeat interval
+        backoff = Backoff(limit=min(MAX_DELAY, self.heartbeat_interval))
         while True:
             # the stream keeps its connection across certificate renewals (Endpoints.hold)
             channel = self.endpoints.hold()
@@ -523,6 +530,7 @@ class Agent:
                         node_id=self.node_id, known_generation=self.generation
                     )
                 ):
+                    backoff.reset()
                     await self.apply_desired(
                         ds.generation, [from_message(a, Allocation) for a in ds.allocations]
                     )
@@ -534,7 +542,7 @@ class Agent:
                 )
             finally:
                 self.endpoints.release(channel)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(backoff.next())
 
     async def apply_desired(self, generation: int, desired: list[Allocation]) -> None:
         if generation < self.generation:

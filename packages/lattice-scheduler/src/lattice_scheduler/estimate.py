@@ -91,7 +91,8 @@ class Simulation:
     """A forward simulation of one vCluster's queue from a cycle's decision.
 
     Works on its own copy of the nodes and of the allocations it changes (the caller's
-    mirror is never touched). :meth:`step` advances to the next expected end and runs
+    mirror is never touched; the rest of the allocations are read through a snapshot
+    the mirror keeps consistent while the live loop applies deltas between steps). :meth:`step` advances to the next expected end and runs
     one decision; :attr:`done` says when there is nothing left to simulate.
     """
 
@@ -115,7 +116,10 @@ class Simulation:
         sim = StateMirror()
         sim.revision = m.revision
         sim.nodes = {nid: msgspec.structs.replace(n) for nid, n in m.nodes.items()}
-        sim.allocations = dict(m.allocations)
+        # copy-on-write: the simulation's own records over the mirror's as they are
+        # now (copying all of them cost O(history) per estimate round)
+        snapshot = getattr(m, "snapshot_allocations", None)
+        sim.allocations = snapshot() if snapshot is not None else dict(m.allocations)  # type: ignore[assignment]
         sim.tenants, sim.vclusters = m.tenants, m.vclusters
         sim.pending, sim.holding = dict(m.pending), dict(m.holding)
         self.m = sim
