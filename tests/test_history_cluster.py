@@ -69,6 +69,19 @@ def test_ended_jobs_leave_the_state_and_history_still_shows_them(cluster: Cluste
     assert rows[bad["id"]]["state"] == "Failed" and rows[bad["id"]]["exit_code"] == 3
     assert running["id"] not in rows
 
+    # the server applies --limit (the latest to end) and --since (the store filters in SQL)
+    latest = max((ok["id"], bad["id"]), key=lambda i: rows[i]["finished_at"])
+    out = cluster.cli("history", "--limit", "1", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    assert [r["id"] for r in json.loads(out.stdout)] == [latest]
+    mine = cluster.request("GET", "/api/v1/allocations?state=Completed,Failed&since=0&limit=1")
+    assert [a["id"] for a in mine["allocations"]] == [latest]
+    later = max(r["finished_at"] for r in rows.values()) + 1
+    none = cluster.request("GET", f"/api/v1/allocations?state=Completed,Failed&since={later}")
+    assert none["allocations"] == []
+    out = cluster.cli("history", "--since", "2099-01-01", "-o", "json")
+    assert out.returncode == 0 and json.loads(out.stdout) == [], out.stderr
+
     # status of a moved allocation answers from the history store
     st = cluster.get(bad["id"])
     assert st["state"] == "Failed" and st["exit_code"] == 3

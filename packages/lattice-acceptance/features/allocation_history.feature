@@ -14,3 +14,12 @@ Feature: Ended allocations move to the history store
     Then the quorum's live state no longer holds the job
     And "lattice history" lists "short-job" as Failed with exit code 3
     And "lattice status" of the job still says Failed
+
+  Scenario: The history's time window and limit apply to jobs that left the quorum
+    When alice submits "first-job", which exits with code 1
+    And the job ended more than 2 seconds ago
+    And alice submits "second-job", which exits with code 2
+    And the job ended more than 2 seconds ago
+    Then the quorum's live state no longer holds the job
+    And "lattice history --limit 1" lists only "second-job"
+    And "lattice history --since" a moment after "first-job" ended lists "second-job" but not "first-job"

@@ -100,3 +100,27 @@ def history_lists(world: World, name: str, state: str, code: int) -> None:
 def status_says(world: World, state: str) -> None:
     assert world.current is not None
     assert world.status_field(world.current.id, "State") == state
+
+
+def _history_ids(world: World, user: str, *args: str) -> list[str]:
+    r = world.cli("history", *args, "-o", "json", user=user)
+    assert r.returncode == 0, show(r)
+    return [a["id"] for a in json.loads(r.stdout)]
+
+
+@then(parsers.parse('"lattice history --limit {n:d}" lists only "{name}"'))
+def history_limit(world: World, n: int, name: str) -> None:
+    job = world.jobs[name]
+    assert _history_ids(world, job.user, "--limit", str(n)) == [job.id]
+
+
+@then(
+    parsers.parse(
+        '"lattice history --since" a moment after "{before}" ended lists "{name}" but not "{other}"'
+    )
+)
+def history_since(world: World, before: str, name: str, other: str) -> None:
+    first = world.cluster.get(world.jobs[before].id)
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(float(first["finished_at"]) + 1))
+    ids = _history_ids(world, world.jobs[name].user, "--since", f"{since}Z")
+    assert world.jobs[name].id in ids and world.jobs[other].id not in ids

@@ -616,3 +616,33 @@ async def test_test_only_and_the_queue_give_the_same_answers(served: Any) -> Non
     ]
     assert [e.position for e in got.entries] == [e["position"] for e in data["entries"]]
     assert all(e.allocation.spec.user == "alice" for e in got.entries)  # the listing rule
+
+
+async def test_the_end_time_window_is_the_same_on_both_transports(served: Any) -> None:
+    """ListAllocations' ended_since/ended_until and REST's since/until (lattice history)."""
+    _api, w, rest, channel = served
+    g = Grpc(channel, ALICE)
+    done = from_message(await g.alloc.get(v1.GetAllocationRequest(id=w.alice_done)), Allocation)
+    assert done.finished_at is not None
+    for since, until, expect in [
+        (done.finished_at, 0.0, True),
+        (done.finished_at + 1, 0.0, False),
+        (1.0, done.finished_at, False),  # until is exclusive
+        (1.0, done.finished_at + 1, True),
+    ]:
+        query: dict[str, Any] = {"state": "Completed", "since": since}
+        if until:
+            query["until"] = until
+        got, data = await both(
+            rest,
+            g.alloc.list(
+                v1.ListAllocationsRequest(state="Completed", ended_since=since, ended_until=until)
+            ),
+            "GET",
+            "/api/v1/allocations",
+            ALICE,
+            **query,
+        )
+        grpc_ids = [a.id for a in got.allocations]
+        rest_ids = [a["id"] for a in data["allocations"]]
+        assert grpc_ids == rest_ids and (w.alice_done in rest_ids) == expect, (since, until)

@@ -126,3 +126,61 @@ async def test_the_end_time_window_and_limit_are_applied_by_the_database(
     latest = await store.matching(ended_since=0.0, limit=2)
     assert sorted(a.id for a in latest) == ["w3", "w5"]
     assert await store.matching(ended_since=500.0) == []
+
+
+async def test_usage_is_summed_by_the_database_as_the_ledger_counts(store: HistoryStore) -> None:
+    """``usage_sums`` (SUM in SQL, one row per tenant and user) gives the numbers of the
+    ledger run over the records: clipped to the window on both sides, nodes and GPUs
+    (from the inventory given at append), an allocation that touched the window counted."""
+    from lattice_common import ledger
+
+    def run(aid: str, user: str, start: float, end: float, nodes: list[str]) -> Allocation:
+        a = ended(aid, user=user, at=end)
+        a.started_at, a.submitted_at, a.assigned_nodes = start, start - 1, nodes
+        return a
+
+    gpus = {"g1": 4, "g2": 4, "c1": 0}
+    recs = [
+        run("u1", "alice", 1000.0, 5000.0, ["g1", "g2"]),
+        run("u2", "alice", 4000.0, 9000.0, ["c1"]),  # ends after the window
+        run("u3", "bob", 100.0, 2000.0, ["g1"]),  # starts before it
+        run("u4", "bob", 100.0, 200.0, ["g1"]),  # wholly before: not counted
+        run("u5", "carol", 9500.0, 9900.0, ["g2"]),  # starts after it: not counted
+    ]
+    await store.append(recs, revision=1, node_gpus=gpus)
+    since, until = 1500.0, 8000.0
+    sums = await store.usage_sums(since, until)
+    days = (until - since) / 86400.0
+    for (tenant, user), (node_h, gpu_h, n) in sums.items():
+        u = ledger.usage(recs, now=until, window_days=days, user=user, node_gpus=gpus)
+        assert tenant == "t"
+        assert node_h == pytest.approx(u.node_hours) and gpu_h == pytest.approx(u.gpu_hours)
+        assert n == u.allocations
+    assert set(sums) == {("t", "alice"), ("t", "bob")}
+    assert sums[("t", "alice")][0] == pytest.approx((3500 * 2 + 4000) / 3600)
+    assert sums[("t", "alice")][1] == pytest.approx(3500 * 8 / 3600)
+    assert await store.usage_sums(since, until, user="bob") == {("t", "bob"): sums[("t", "bob")]}
+    assert await store.stored_ids(["u1", "u5", "nope"]) == {"u1", "u5"}
+
+
+async def test_a_store_made_before_the_ledger_columns_gets_them(tmp_path: Any) -> None:
+    """Rows stored by the first version (no node/GPU counts) are filled in at open."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    s = await HistoryStore.open(sqlite_url(str(path)))
+    a = ended("old1", at=5000.0)
+    a.started_at, a.spec.nodes = 1400.0, 3
+    await s.append([a], revision=1)
+    await s.close()
+    con = sqlite3.connect(path)  # as the first version made it
+    con.execute("ALTER TABLE allocation_history DROP COLUMN node_count")
+    con.execute("ALTER TABLE allocation_history DROP COLUMN gpu_count")
+    con.commit()
+    con.close()
+    s = await HistoryStore.open(sqlite_url(str(path)))
+    try:
+        (node_h, _gpu_h, n) = (await s.usage_sums(0.0, 9000.0))[("t", "alice")]
+        assert n == 1 and node_h == pytest.approx(3 * 3600 / 3600)
+    finally:
+        await s.close()

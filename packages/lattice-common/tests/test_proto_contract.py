@@ -36,6 +36,7 @@ WIRE: dict[type[msgspec.Struct], type[betterproto2.Message]] = {
     types.NodeCapabilities: v1.NodeCapabilities,
     types.Node: v1.Node,
     types.Tenant: v1.Tenant,
+    types.LedgerDay: v1.LedgerDay,
     types.CostWeights: v1.CostWeights,
     types.VCluster: v1.VCluster,
     types.AllocationReport: v1.AllocationReport,
@@ -307,7 +308,12 @@ def _tenant() -> types.Tenant:
         max_preemption_class=0,  # an explicit 0 survives (optional on the wire)
         created_at=1_690_000_000.0,
         revision=5,
+        retired_usage={19_700: _ledger_day()},
     )
+
+
+def _ledger_day() -> types.LedgerDay:
+    return types.LedgerDay(node_seconds=7200.5, gpu_seconds=28_802.0, allocations=3)
 
 
 def _weights() -> types.CostWeights:
@@ -364,6 +370,7 @@ SAMPLES: dict[type[msgspec.Struct], typing.Callable[[], msgspec.Struct]] = {
     types.NodeCapabilities: _capabilities,
     types.Node: _node,
     types.Tenant: _tenant,
+    types.LedgerDay: _ledger_day,
     types.StartEstimate: lambda: types.StartEstimate(
         estimated_start=1_700_000_600.5,
         estimate_basis=types.ESTIMATE_RESERVATION,

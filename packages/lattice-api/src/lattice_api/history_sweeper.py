@@ -7,9 +7,10 @@ Every ``storage.history_sweep_interval_seconds`` (60), while its member is the l
 
 1. read a batch (``storage.history_batch_size``) of removable allocations with the
    state's revision (``lattice_quorum.retention.expired_records``: ended at least
-   ``storage.allocation_retention_hours`` ago, or the budget period
-   ``scheduling.budget_period_days`` for a tenant with an internal budget, whose
-   scheduler penalty reads past usage from the state; whole task groups and DAGs only);
+   ``storage.allocation_retention_hours`` ago, whole task groups and DAGs only; a tenant
+   with an internal budget too: the removal adds each run to its tenant's ledger totals,
+   ``Tenant.retired_usage``, kept ``scheduling.budget_period_days``, which the budget
+   penalty reads);
 2. append their final records to the history store, moving its cursor to that revision,
    in one SQL transaction;
 3. propose ``RemoveAllocations`` with those ids.
@@ -28,9 +29,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from lattice_common import commands as c
 from lattice_common.history import HistoryStore
+from lattice_common.types import Allocation
 from lattice_quorum import retention
 from lattice_quorum.quorum import Quorum
 from prometheus_client import Counter, Gauge
@@ -61,6 +64,7 @@ class HistorySweeper:
         interval: float = 60.0,
         batch_size: int = 500,
         budgeted_retention_seconds: float = 0.0,
+        budget_period_seconds: float = 0.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.quorum = quorum
@@ -69,6 +73,7 @@ class HistorySweeper:
         self.interval = interval
         self.batch_size = batch_size
         self.budgeted_retention_seconds = budgeted_retention_seconds
+        self.budget_period_seconds = budget_period_seconds
         self.clock = clock
         self._task: asyncio.Task[None] | None = None
 
@@ -108,7 +113,8 @@ class HistorySweeper:
             )
             if not records:
                 break
-            await self.store.append(records, revision=revision)  # first: never lost
+            gpus = self.quorum.read(_node_gpus, records)  # the ledger's GPU counts
+            await self.store.append(records, revision=revision, node_gpus=gpus)  # never lost
             CURSOR.set(revision)
             res = await self.quorum.propose(
                 c.RemoveAllocations(
@@ -116,6 +122,7 @@ class HistorySweeper:
                     ids=[a.id for a in records],
                     retention_seconds=self.retention_seconds,
                     budgeted_retention_seconds=self.budgeted_retention_seconds,
+                    budget_period_seconds=self.budget_period_seconds,
                 )
             )
             if res.error:
@@ -128,3 +135,13 @@ class HistorySweeper:
             if n == 0:  # nothing removable after all (changed meanwhile): next interval
                 break
         return moved
+
+
+def _node_gpus(s: Any, records: list[Allocation]) -> dict[str, int]:
+    """A query: the GPU count of every node the records ran on that the state knows."""
+    return {
+        n: max(0, int(s.nodes[n].capabilities.gpu_count))
+        for a in records
+        for n in a.assigned_nodes
+        if n in s.nodes
+    }

@@ -171,6 +171,7 @@ async def serve(
     # the history store and the leader's sweeper moving ended allocations into it
     history, history_sweeper = await open_history(cfg, member)
     ops.allocations.history = ops.usage.history = ops.accounting.history = history
+    ops.usage.retention_seconds = cfg.storage.allocation_retention_hours * 3600.0
     if recovery is not None and member.is_leader:
         # elected while restoring, before these listened: tell them now
         monitor.on_leadership(True)
@@ -266,8 +267,9 @@ async def open_history(cfg: LatticeConfig, member: Any) -> tuple[Any, Any]:
         retention_seconds=st.allocation_retention_hours * 3600.0,
         interval=st.history_sweep_interval_seconds,
         batch_size=st.history_batch_size,
-        # tenants with an internal budget: the scheduler's penalty reads the period's usage
-        budgeted_retention_seconds=cfg.scheduling.budget_period_days * 86400.0,
+        # budgeted tenants' allocations leave after the same retention: their usage stays
+        # in the state as ledger totals (Tenant.retired_usage), kept one budget period
+        budget_period_seconds=cfg.scheduling.budget_period_days * 86400.0,
     )
     return store, sweeper
 

@@ -357,8 +357,12 @@ class RemoveAllocations(Command, tag="remove_allocations"):
 
     ids: list[str] = msgspec.field(default_factory=list)
     retention_seconds: float = 86400.0
-    # tenants with an internal budget keep theirs this long (the budget period)
+    # tenants with an internal budget keep theirs this long (0: no longer than others;
+    # the ledger's totals, Tenant.retired_usage, keep what the budget penalty needs)
     budgeted_retention_seconds: float = 0.0
+    # the budget period (scheduling.budget_period_days): retired usage older than this
+    # is dropped; 0 = the default 90 days
+    budget_period_seconds: float = 0.0
 
 
 class RestoreBackup(Command, tag="restore_backup"):

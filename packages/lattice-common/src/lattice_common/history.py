@@ -27,7 +27,7 @@ store (it was written before its removal was proposed) and is never missed.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -41,14 +41,19 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    case,
     event,
     func,
+    inspect,
     select,
+    text,
+    update,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DatabaseError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from lattice_common.ledger import node_and_gpu_count
 from lattice_common.types import Allocation, AllocationState
 
 __all__ = ["CURSOR_NAME", "HistoryStore", "ended_us", "merge", "sqlite_url"]
@@ -74,6 +79,12 @@ allocation_history = Table(
     Column("finished_at", Float, nullable=False),
     Column("exit_code", Integer, nullable=True),
     Column("removed_at_revision", BigInteger, nullable=False, default=0),
+    # what the ledger multiplies a run's seconds by (lattice_common.ledger
+    # node_and_gpu_count; GPUs from the inventory when the record was stored), so usage
+    # is summed in SQL; NULL only in rows stored before these columns existed, filled
+    # in when the store opens
+    Column("node_count", Integer, nullable=True),
+    Column("gpu_count", Integer, nullable=True),
     Column("record", LargeBinary, nullable=False),  # the Allocation, msgpack
 )
 Index("ix_history_finished", allocation_history.c.finished_at)
@@ -102,8 +113,13 @@ def sqlite_url(path: str) -> str:
     return f"sqlite+aiosqlite:///{path}"
 
 
-def _row(a: Allocation, revision: int) -> dict[str, Any]:
+def _row(
+    a: Allocation, revision: int, node_gpus: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    nodes, gpus = node_and_gpu_count(a, node_gpus)
     return {
+        "node_count": nodes,
+        "gpu_count": gpus,
         "allocation_id": a.id,
         "ended_us": ended_us(a),
         "state": a.state.value,
@@ -157,21 +173,71 @@ class HistoryStore:
                 if "already exists" not in str(e) or attempt == 2:
                     await engine.dispose()
                     raise
-        return cls(engine)
+        store = cls(engine)
+        await store._add_ledger_columns()
+        return store
+
+    async def _add_ledger_columns(self) -> None:
+        """A store made before ``node_count``/``gpu_count`` existed gets them, and its
+        rows get their values from the stored records (GPUs: the record's own request,
+        the inventory of then being unknown)."""
+
+        def missing(sync_conn: Any) -> list[str]:
+            have = {c["name"] for c in inspect(sync_conn).get_columns("allocation_history")}
+            return [n for n in ("node_count", "gpu_count") if n not in have]
+
+        async with self.engine.begin() as conn:
+            for name in await conn.run_sync(missing):
+                if self.dialect == "postgresql":
+                    await conn.execute(
+                        text(
+                            f"ALTER TABLE allocation_history ADD COLUMN IF NOT EXISTS {name} INTEGER"
+                        )
+                    )
+                else:
+                    await conn.execute(
+                        text(f"ALTER TABLE allocation_history ADD COLUMN {name} INTEGER")
+                    )
+        h = allocation_history.c
+        while True:
+            async with self.engine.begin() as conn:
+                rows = (
+                    await conn.execute(
+                        select(h.allocation_id, h.ended_us, h.record)
+                        .where(h.node_count.is_(None))
+                        .limit(1000)
+                    )
+                ).all()
+                for aid, eus, rec in rows:
+                    nodes, gpus = node_and_gpu_count(_dec.decode(rec))
+                    await conn.execute(
+                        update(allocation_history)
+                        .where(h.allocation_id == aid, h.ended_us == eus)
+                        .values(node_count=nodes, gpu_count=gpus)
+                    )
+            if len(rows) < 1000:
+                return
 
     async def close(self) -> None:
         await self.engine.dispose()
 
     # --- the writer -----------------------------------------------------------------
 
-    async def append(self, records: Sequence[Allocation], *, revision: int) -> int:
+    async def append(
+        self,
+        records: Sequence[Allocation],
+        *,
+        revision: int,
+        node_gpus: Mapping[str, int] | None = None,
+    ) -> int:
         """Store the final records of terminal allocations read at quorum ``revision``,
         and move the cursor there, in one transaction. Returns how many rows were new
-        (a replayed record adds none). Refuses a record that has not ended."""
+        (a replayed record adds none). Refuses a record that has not ended.
+        ``node_gpus``: the GPU inventory of their nodes (the ledger's GPU count)."""
         for a in records:
             if not a.terminal or a.finished_at is None:
                 raise ValueError(f"allocation {a.id} has not ended: {a.state.value}")
-        rows = [_row(a, revision) for a in records]
+        rows = [_row(a, revision, node_gpus) for a in records]
         async with self.engine.begin() as conn:
             # what the batch adds, counted over the batch (never the whole table)
             added = 0
@@ -328,6 +394,56 @@ class HistoryStore:
         async with self.engine.connect() as conn:
             rows = (await conn.execute(q)).all()
         return [_dec.decode(r[0]) for r in rows]
+
+    async def usage_sums(
+        self, since: float, until: float, *, tenant: str | None = None, user: str | None = None
+    ) -> dict[tuple[str, str], tuple[float, float, int]]:
+        """The internal budget ledger over the stored rows, summed by the database:
+        (tenant, user) -> (node_hours, gpu_hours, allocations) of the runs inside
+        ``[since, until]`` (each run's ``min(end, until) - max(start, since)`` times
+        its nodes or GPUs; one that touched the window counts as an allocation), the
+        same numbers :func:`lattice_common.ledger.usage` gives from the records. One
+        row per tenant and user, however many allocations."""
+        h = allocation_history.c
+        end = case((h.finished_at > until, until), else_=h.finished_at)
+        start = case((h.started_at > since, h.started_at), else_=since)
+        secs = end - start
+        q = (
+            select(
+                h.tenant,
+                h.user_name,
+                func.sum(secs * h.node_count),
+                func.sum(secs * h.gpu_count),
+                func.count(),
+            )
+            .where(h.started_at.is_not(None), h.started_at <= until, h.finished_at >= since)
+            .group_by(h.tenant, h.user_name)
+        )
+        if tenant:
+            q = q.where(h.tenant == tenant)
+        if user:
+            q = q.where(h.user_name == user)
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(q)).all()
+        return {
+            (r[0], r[1]): (float(r[2] or 0.0) / 3600.0, float(r[3] or 0.0) / 3600.0, int(r[4]))
+            for r in rows
+        }
+
+    async def stored_ids(self, ids: Collection[str]) -> set[str]:
+        """Those of ``ids`` the store holds (asked in slices, so any number fits)."""
+        out: set[str] = set()
+        h = allocation_history.c
+        wanted = sorted(set(ids))
+        async with self.engine.connect() as conn:
+            for i in range(0, len(wanted), 5000):
+                rows = (
+                    await conn.execute(
+                        select(h.allocation_id).where(h.allocation_id.in_(wanted[i : i + 5000]))
+                    )
+                ).all()
+                out.update(r[0] for r in rows)
+        return out
 
     async def count(self) -> int:
         async with self.engine.connect() as conn:

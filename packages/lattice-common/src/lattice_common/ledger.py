@@ -36,7 +36,14 @@ from typing import Literal
 
 import msgspec
 
-from lattice_common.types import HOLDING_STATES, TERMINAL_STATES, Allocation, Node, Tenant
+from lattice_common.types import (
+    HOLDING_STATES,
+    TERMINAL_STATES,
+    Allocation,
+    LedgerDay,
+    Node,
+    Tenant,
+)
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
@@ -276,15 +283,106 @@ def budget_utilization(
     node_gpus: Mapping[str, int] | None = None,
 ) -> dict[str, float]:
     """The cost function's budget map: tenant name -> fraction of its budget used over
-    the period, for every tenant that has a budget (tenants without one are absent)."""
+    the period, for every tenant that has a budget (tenants without one are absent).
+
+    ``records`` are the allocations still in the state; what already left it is each
+    tenant's ``retired_usage`` (:func:`retire`), added here, so the fraction does not
+    change when an allocation leaves the state."""
     by_tenant = usage_by(records, "tenant", now=now, window_days=period_days, node_gpus=node_gpus)
     empty = Usage(since=now - period_days * SECONDS_PER_DAY, until=now, window_days=period_days)
     out: dict[str, float] = {}
     for t in tenants:
-        f = budget_fraction(by_tenant.get(t.name, empty), t)
+        if t.gpu_hours_budget is None and t.node_hours_budget is None:
+            continue
+        u = by_tenant.get(t.name, empty)
+        if t.retired_usage:
+            node_h, gpu_h, n = retired_hours(t.retired_usage, now=now, period_days=period_days)
+            u = msgspec.structs.replace(
+                u,
+                node_hours=u.node_hours + node_h,
+                gpu_hours=u.gpu_hours + gpu_h,
+                allocations=u.allocations + n,
+            )
+        f = budget_fraction(u, t)
         if f is not None:
             out[t.name] = f
     return out
+
+
+# --- retired usage: the ledger's totals of allocations that left the state ---------
+#
+# An allocation leaves the quorum's state 24 h after it ended (lattice_quorum.retention);
+# the budget period is 90 days. Its share of the rolling window is kept as per-UTC-day
+# totals on its tenant: the run split over the days it covered (node- and GPU-seconds,
+# GPUs from the inventory at removal), and the day it ended counted once. A window
+# [now - period, now] then reads whole days, and the one day its start falls in
+# pro rata (the only approximation: at most that day's retired usage, at the far edge
+# of the window). Days wholly before any window that can be asked for are dropped.
+
+
+def _day(t: float) -> int:
+    return math.floor(t / SECONDS_PER_DAY)
+
+
+def retire(
+    days: dict[int, LedgerDay], a: Allocation, node_gpus: Mapping[str, int] | None = None
+) -> None:
+    """Add an ended allocation's run to ``days`` (changed in place; a pure function of
+    its arguments, so every quorum member computes the same totals). One never
+    started, or without an end, adds nothing."""
+    start, end = a.started_at, a.finished_at
+    if a.state not in TERMINAL_STATES or start is None or end is None:
+        return
+    if not (math.isfinite(start) and math.isfinite(end)) or end < start:
+        return
+    nodes, gpus = node_and_gpu_count(a, node_gpus)
+    first, last = _day(start), _day(end)
+    for d in range(first, last + 1):
+        lo = max(start, d * SECONDS_PER_DAY)
+        hi = min(end, (d + 1) * SECONDS_PER_DAY)
+        secs = max(0.0, hi - lo)
+        b = days.get(d)
+        if b is None:
+            b = days[d] = LedgerDay()
+        b.node_seconds += secs * nodes
+        b.gpu_seconds += secs * gpus
+        if d == last:
+            b.allocations += 1
+
+
+def prune_retired(days: dict[int, LedgerDay], *, now: float, period_days: float) -> None:
+    """Drop the days that end before ``now - period_days`` (in place)."""
+    oldest = _day(now - period_days * SECONDS_PER_DAY)
+    for d in [d for d in days if d < oldest]:
+        del days[d]
+
+
+def retired_hours(
+    days: Mapping[int, LedgerDay], *, now: float, period_days: float
+) -> tuple[float, float, int]:
+    """(node_hours, gpu_hours, allocations) of ``days`` inside ``[now - period, now]``:
+    whole days, the day the window opens in pro rata."""
+    since = now - period_days * SECONDS_PER_DAY
+    node: list[float] = []
+    gpu: list[float] = []
+    count = 0
+    for d in sorted(days):
+        share = ((d + 1) * SECONDS_PER_DAY - since) / SECONDS_PER_DAY
+        if share <= 0:
+            continue
+        share = min(1.0, share)
+        b = days[d]
+        node.append(b.node_seconds * share)
+        gpu.append(b.gpu_seconds * share)
+        if share >= 1.0:
+            count += b.allocations
+        elif b.allocations and share > 0:
+            count += round(b.allocations * share)
+    return (
+        math.fsum(node) / SECONDS_PER_HOUR,
+        math.fsum(gpu) / SECONDS_PER_HOUR,
+        count,
+    )
 
 
 __all__ = [
@@ -298,6 +396,9 @@ __all__ = [
     "budget_utilization",
     "node_and_gpu_count",
     "node_gpu_counts",
+    "prune_retired",
+    "retire",
+    "retired_hours",
     "usage",
     "usage_by",
     "window_seconds_of",

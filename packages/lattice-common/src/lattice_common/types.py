@@ -519,6 +519,15 @@ class Node(msgspec.Struct, kw_only=True):
         return bool(self.claimed_by)
 
 
+class LedgerDay(msgspec.Struct, kw_only=True):
+    """One UTC day of a tenant's retired usage (``Tenant.retired_usage``): what its
+    allocations that left the state (lattice_quorum.handlers.retention) ran that day."""
+
+    node_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+    allocations: int = 0  # retired allocations that ended that day
+
+
 class Tenant(msgspec.Struct, kw_only=True):
     name: str
     max_nodes: int | None = None  # hard
@@ -532,6 +541,10 @@ class Tenant(msgspec.Struct, kw_only=True):
     max_preemption_class: int | None = None
     created_at: float = 0.0
     revision: int = 0
+    # The internal budget ledger's share of allocations that left the state, by UTC day
+    # number (lattice_common.ledger.retire): the budget penalty reads these totals
+    # instead of keeping the allocations for the whole budget period
+    retired_usage: dict[int, LedgerDay] = msgspec.field(default_factory=dict)
 
 
 class VCluster(msgspec.Struct, kw_only=True):

@@ -8,12 +8,13 @@ change behind these functions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
 from lattice_common.audit import AuditEntry, AuditEvent
-from lattice_common.ledger import budget_status, node_gpu_counts, usage, usage_by
+from lattice_common.ledger import Usage, budget_status, node_gpu_counts, usage, usage_by
 from lattice_common.types import (
     HOLDING_STATES,
     Allocation,
@@ -267,6 +268,70 @@ def _with_history(s: GlobalState, history: Iterable[Allocation]) -> list[Allocat
     return [*live.values(), *(a for a in history if a.id not in live)]
 
 
+StoredSums = Mapping[float, Mapping[tuple[str, str], tuple[float, float, int]]]
+"""The history store's ledger sums (``HistoryStore.usage_sums``) by window in days:
+(tenant, user) -> (node_hours, gpu_hours, allocations)."""
+
+
+def _plus(
+    u: Usage,
+    sums: Mapping[tuple[str, str], tuple[float, float, int]] | None,
+    tenant: str | None = None,
+    user: str | None = None,
+) -> Usage:
+    if not sums:
+        return u
+    picked = [
+        v
+        for (t, us), v in sorted(sums.items())
+        if (tenant is None or t == tenant) and (user is None or us == user)
+    ]
+    return msgspec.structs.replace(
+        u,
+        node_hours=math.fsum([u.node_hours, *(v[0] for v in picked)]),
+        gpu_hours=math.fsum([u.gpu_hours, *(v[1] for v in picked)]),
+        allocations=u.allocations + sum(v[2] for v in picked),
+    )
+
+
+def _plus_by(
+    groups: dict[str, Usage],
+    key: str,
+    sums: Mapping[tuple[str, str], tuple[float, float, int]] | None,
+    *,
+    now: float,
+    window: float,
+    tenant: str | None = None,
+    user: str | None = None,
+) -> dict[str, Usage]:
+    if not sums:
+        return groups
+    out = dict(groups)
+    names = {
+        (t if key == "tenant" else us)
+        for (t, us), v in sums.items()
+        if v[2] and (tenant is None or t == tenant) and (user is None or us == user)
+    }
+    for name in names:
+        base = out.get(name) or Usage(since=now - window * 86400.0, until=now, window_days=window)
+        out[name] = _plus(
+            base,
+            sums,
+            tenant=name if key == "tenant" else tenant,
+            user=name if key == "user" else user,
+        )
+    return {name: out[name] for name in sorted(out)}
+
+
+def _live(
+    s: GlobalState, history: Iterable[Allocation], stored_ids: Collection[str]
+) -> list[Allocation]:
+    if not stored_ids:
+        return _with_history(s, history)
+    # counted by the store's sums: never twice
+    return [a for a in _with_history(s, history) if a.id not in stored_ids]
+
+
 def tenant_usage(
     s: GlobalState,
     tenant: str,
@@ -275,24 +340,39 @@ def tenant_usage(
     period_days: float,
     now: float,
     history: Iterable[Allocation] = (),
+    stored: StoredSums | None = None,
+    stored_ids: Collection[str] = (),
 ) -> dict[str, Any] | None:
     """A tenant's usage over ``window_days``, its budgets judged over ``period_days``,
     its quotas and a per-user breakdown; None when the tenant does not exist.
-    ``history``: records moved to the history store (lattice_common.history)."""
+    ``history``: records moved to the history store (lattice_common.history); or,
+    cheaper, ``stored``: the store's sums by window, with ``stored_ids``, the live
+    allocations the store already holds (counted there, so left out here)."""
     t = s.tenants.get(tenant)
     if t is None:
         return None
     window, period = window_days, period_days
     inv = node_gpu_counts(s.nodes.values())
-    allocs = _with_history(s, history)
-    u = usage(allocs, now=now, window_days=window, tenant=tenant, node_gpus=inv)
+    allocs = _live(s, history, stored_ids)
+    sw = None if stored is None else stored.get(window)
+    sp = None if stored is None else stored.get(period)
+    u = _plus(usage(allocs, now=now, window_days=window, tenant=tenant, node_gpus=inv), sw, tenant)
     p = (
         u
         if window == period
-        else usage(allocs, now=now, window_days=period, tenant=tenant, node_gpus=inv)
+        else _plus(
+            usage(allocs, now=now, window_days=period, tenant=tenant, node_gpus=inv), sp, tenant
+        )
     )
-    total = usage(allocs, now=now, window_days=window, node_gpus=inv).node_hours
-    users = usage_by(allocs, "user", now=now, window_days=window, tenant=tenant, node_gpus=inv)
+    total = _plus(usage(allocs, now=now, window_days=window, node_gpus=inv), sw).node_hours
+    users = _plus_by(
+        usage_by(allocs, "user", now=now, window_days=window, tenant=tenant, node_gpus=inv),
+        "user",
+        sw,
+        now=now,
+        window=window,
+        tenant=tenant,
+    )
     b = budget_status(p, t)
     return {
         "tenant": tenant,
@@ -330,17 +410,34 @@ def user_usage(
     window_days: float,
     now: float,
     history: Iterable[Allocation] = (),
+    stored: StoredSums | None = None,
+    stored_ids: Collection[str] = (),
 ) -> dict[str, Any] | None:
     """A user's usage over ``window_days`` in every tenant (or only ``tenant``), with a
-    per-tenant breakdown; None when ``tenant`` is given and does not exist."""
+    per-tenant breakdown; None when ``tenant`` is given and does not exist.
+    ``history`` / ``stored`` / ``stored_ids``: as :func:`tenant_usage`'s."""
     if tenant is not None and tenant not in s.tenants:
         return None
     window = window_days
     inv = node_gpu_counts(s.nodes.values())
-    allocs = _with_history(s, history)
-    u = usage(allocs, now=now, window_days=window, tenant=tenant, user=user, node_gpus=inv)
-    by_tenant = usage_by(
-        allocs, "tenant", now=now, window_days=window, tenant=tenant, user=user, node_gpus=inv
+    allocs = _live(s, history, stored_ids)
+    sw = None if stored is None else stored.get(window)
+    u = _plus(
+        usage(allocs, now=now, window_days=window, tenant=tenant, user=user, node_gpus=inv),
+        sw,
+        tenant,
+        user,
+    )
+    by_tenant = _plus_by(
+        usage_by(
+            allocs, "tenant", now=now, window_days=window, tenant=tenant, user=user, node_gpus=inv
+        ),
+        "tenant",
+        sw,
+        now=now,
+        window=window,
+        tenant=tenant,
+        user=user,
     )
     return {
         "user": user,

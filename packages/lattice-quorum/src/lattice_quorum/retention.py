@@ -9,10 +9,10 @@ group still in the state is; a DAG member only when its DAG has ended and every 
 still in the state is; never while a session that has not ended refers to it.
 
 A tenant with an internal budget (``node_hours_budget`` or ``gpu_hours_budget``) keeps
-its allocations at least ``budgeted_seconds`` (the proposer passes the budget period,
-``scheduling.budget_period_days``): the scheduler's budget penalty
-(``lattice_common.ledger.budget_utilization``) reads past usage from the allocations in
-its view, and must not lose what moved to the history store.
+its allocations at least ``budgeted_seconds`` when that is given (the lattice-server's
+sweeper passes 0: the removal keeps each run in the tenant's ledger totals,
+``Tenant.retired_usage``, which the budget penalty reads, so budgeted tenants'
+allocations leave after the same retention as everyone's).
 """
 
 from __future__ import annotations

@@ -313,11 +313,15 @@ class LatticeClient:
         all: bool = False,
         limit: int | None = None,
         task_group: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
     ) -> list[Allocation]:
         """Allocations visible to the caller; by default the caller's own.
 
         ``all=True`` asks for every allocation of the tenant (needs permission);
-        ``task_group`` lists the tasks of one task group.
+        ``task_group`` lists the tasks of one task group. ``since`` / ``until`` (epoch
+        seconds): only allocations that ended in ``[since, until)``, and ``limit`` keeps
+        the latest to end (``lattice history``).
         """
         params = {
             "state": state,
@@ -327,6 +331,8 @@ class LatticeClient:
             "all": bool(all),
             "limit": limit,
             "task_group": task_group,
+            "since": since,
+            "until": until,
         }
         data = await self._call("GET", "/allocations", params=params)
         return [Allocation.from_dict(a) for a in _items(data, "allocations")]

@@ -115,6 +115,8 @@ class AllocationService(v1.AllocationServiceBase):
             all_users=message.all_users,
             limit=message.limit or None,
             task_group=message.task_group_id or None,
+            ended_since=message.ended_since or None,
+            ended_until=message.ended_until or None,
         )
         return v1.ListAllocationsResponse(
             allocations=[to_message(a, v1.Allocation) for a in allocs]

@@ -27,6 +27,12 @@ QUOTA_FIELDS = frozenset(
 )
 
 
+def _shown(t: Tenant) -> Tenant:
+    """A tenant as the API answers it: without the quorum's internal ledger totals
+    (``retired_usage``: the usage operations report usage)."""
+    return msgspec.structs.replace(t, retired_usage={}) if t.retired_usage else t
+
+
 def _set_fields(record: Tenant | VCluster) -> dict[str, Any]:
     """What a created record says beyond its defaults (for its audit entry)."""
     fields = msgspec.to_builtins(record)
@@ -71,7 +77,7 @@ class AdminOps:
     # --- tenants --------------------------------------------------------------------
 
     def list_tenants(self, who: Identity) -> list[Tenant]:
-        return self.quorum.read(queries.tenants)
+        return [_shown(t) for t in self.quorum.read(queries.tenants)]
 
     def get_tenant(self, who: Identity, name: str) -> Tenant:
         t = self.quorum.read(queries.tenant, name)
@@ -79,7 +85,7 @@ class AdminOps:
             raise NotFound(
                 f'tenant "{name}" not found', hint="List tenants with `lattice admin tenant list`."
             )
-        return t
+        return _shown(t)
 
     async def create_tenant(self, who: Identity, body: dict[str, Any]) -> Tenant:
         name = str(body.get("name") or "").strip()
@@ -94,7 +100,7 @@ class AdminOps:
         res = raise_if_error(await self.quorum.propose(c.CreateTenant(tenant=t, now=time.time())))
         assert res.tenant is not None
         self._record(who, audit.TENANT_CREATE, f"tenant:{t.name}", t.name, _set_fields(t))
-        return res.tenant
+        return _shown(res.tenant)
 
     async def update_tenant(self, who: Identity, name: str, fields: dict[str, Any]) -> Tenant:
         fields = {k: v for k, v in fields.items() if k != "name"}
@@ -105,7 +111,7 @@ class AdminOps:
         )
         assert res.tenant is not None
         self._record(who, audit.TENANT_UPDATE, f"tenant:{name}", name, fields)
-        return res.tenant
+        return _shown(res.tenant)
 
     async def put_tenant(self, who: Identity, name: str, fields: dict[str, Any]) -> Tenant:
         """``PUT /api/v1/tenants/{name}`` (spec: Quota Update Flow): a system admin

@@ -277,12 +277,19 @@ class AllocationOps:
         all_users: bool = False,
         limit: int | None = None,
         task_group: str | None = None,
+        ended_since: float | None = None,
+        ended_until: float | None = None,
     ) -> list[Allocation]:
         """:meth:`list` plus, when terminal states are asked for by name (``lattice
         history``), the history store's matches, merged without duplicates (the quorum
         is read first: an allocation moved meanwhile was stored before it left). Without
         a state filter the listing stays the quorum's (``lattice status``: live work and
-        what ended within the retention), so its cost never grows with the history."""
+        what ended within the retention), so its cost never grows with the history.
+
+        ``ended_since`` / ``ended_until``: only allocations that ended in
+        ``[ended_since, ended_until)``, and ``limit`` keeps the latest to end; the store
+        filters and cuts in SQL, so ``lattice history --since`` reads what it shows."""
+        window = ended_since is not None or ended_until is not None
         live = self.list(
             who,
             state=state,
@@ -290,22 +297,31 @@ class AllocationOps:
             vcluster=vcluster,
             user=user,
             all_users=all_users,
-            limit=limit,
+            limit=None if window else limit,  # the window cuts by end time, below
             task_group=task_group,
         )
+        if window:
+            live = [a for a in live if _ended_in(a, ended_since, ended_until)]
         states = parse_states(state)
         ended = set() if states is None else set(states) & TERMINAL_STATES
-        if self.history is None or not ended:
-            return live
-        stored = await self.history.matching(
-            states=ended,
-            tenant=access.listing_tenant(who, tenant),
-            vcluster=vcluster,
-            user=access.listing_user(who, user, all_users),
-            task_group=task_group,
-            limit=limit,
-        )
-        out = merge(live, stored)
+        if self.history is not None and ended:
+            stored = await self.history.matching(
+                states=ended,
+                tenant=access.listing_tenant(who, tenant),
+                vcluster=vcluster,
+                user=access.listing_user(who, user, all_users),
+                task_group=task_group,
+                limit=limit,
+                ended_since=ended_since,
+                ended_until=ended_until,
+            )
+            out = merge(live, stored)
+        else:
+            out = live
+        if window and limit and len(out) > limit:
+            latest = sorted(out, key=lambda a: (a.finished_at or 0.0, a.id))[-limit:]
+            keep = {a.id for a in latest}
+            return [a for a in out if a.id in keep]
         return out[-limit:] if limit else out
 
     # --- cancel ---------------------------------------------------------------------
@@ -413,3 +429,12 @@ def _check_log_request(stream: str, since: float | None, until: float | None) ->
 
 
 __all__ = ["AllocationOps", "LogSource", "parse_states"]
+
+
+def _ended_in(a: Allocation, since: float | None, until: float | None) -> bool:
+    """Whether ``a`` ended in ``[since, until)``; one that has not ended never is."""
+    if a.finished_at is None:
+        return False
+    if since is not None and a.finished_at < since:
+        return False
+    return until is None or a.finished_at < until

@@ -104,6 +104,9 @@ class UsageOps:
         # the history store (lattice_common.history): allocations moved out of the
         # quorum's state count too; set by lattice-server (None: the state alone)
         self.history: HistoryStore | None = None
+        # storage.allocation_retention_hours: live allocations that ended longer ago than
+        # this (less a margin for clocks) may be in the store too; 0 = any ended one
+        self.retention_seconds = 0.0
 
     # --- REST shape: days -----------------------------------------------------------
 
@@ -159,7 +162,12 @@ class UsageOps:
         """:meth:`tenant_usage` counting the history store's allocations too."""
         window = parse_days(days)
         end = time.time() if now is None else now
-        return await self._with_history(lambda h: self._tenant(tenant, window, end, h), window, end)
+        w = self.period_days if window is None else window
+        return await self._with_sums(
+            lambda st, ids: self._tenant(tenant, window, end, stored=st, stored_ids=ids),
+            [w, self.period_days],
+            end,
+        )
 
     async def read_user_usage(
         self,
@@ -174,8 +182,14 @@ class UsageOps:
         window = parse_days(days)
         target = access.usage_user(who, user)
         end = time.time() if now is None else now
-        return await self._with_history(
-            lambda h: self._user(target, window, tenant or None, end, h), window, end, user=target
+        w = self.period_days if window is None else window
+        return await self._with_sums(
+            lambda st, ids: self._user(
+                target, window, tenant or None, end, stored=st, stored_ids=ids
+            ),
+            [w],
+            end,
+            user=target,
         )
 
     async def read_tenant_usage_between(
@@ -186,16 +200,58 @@ class UsageOps:
                 "GetTenantUsage needs a tenant", hint="Set tenant to a tenant name."
             )
         days, end = window_from_range(since, until, time.time(), self.period_days)
-        return await self._with_history(lambda h: self._tenant(tenant, days, end, h), days, end)
+        return await self._with_sums(
+            lambda st, ids: self._tenant(tenant, days, end, stored=st, stored_ids=ids),
+            [days, self.period_days],
+            end,
+        )
 
     async def read_user_usage_between(
         self, who: Identity, user: str, tenant: str, since: float, until: float
     ) -> dict[str, Any]:
         target = access.usage_user(who, user)
         days, end = window_from_range(since, until, time.time(), self.period_days)
-        return await self._with_history(
-            lambda h: self._user(target, days, tenant or None, end, h), days, end, user=target
+        return await self._with_sums(
+            lambda st, ids: self._user(
+                target, days, tenant or None, end, stored=st, stored_ids=ids
+            ),
+            [days],
+            end,
+            user=target,
         )
+
+    async def _with_sums(
+        self,
+        compute: Callable[[dict[float, Any] | None, set[str]], dict[str, Any]],
+        windows: list[float],
+        now: float,
+        *,
+        user: str | None = None,
+    ) -> dict[str, Any]:
+        """``compute(sums, stored_ids)``: the quorum's allocations plus the history
+        store's ledger sums for each window (summed by the database, one row per tenant
+        and user: a request costs what it returns, not the history's size). A live
+        allocation the store already holds (stored, its removal not yet applied) is
+        counted by the store alone: the ids of the live ended allocations old enough to
+        have been stored are looked up first. Should the store's cursor move meanwhile
+        (a batch stored), all is read again, so nothing is missed or counted twice."""
+        if self.history is None:
+            return compute(None, set())
+        margin = 600.0  # the leader's clock against this member's
+        cutoff = now - self.retention_seconds + margin if self.retention_seconds > 0 else now
+        out: dict[str, Any] = {}
+        for _ in range(3):
+            before = await self.history.cursor()
+            candidates = self.quorum.read(_ended_before, cutoff)
+            ids = await self.history.stored_ids(candidates) if candidates else set()
+            sums = {
+                w: await self.history.usage_sums(now - w * SECONDS_PER_DAY, now, user=user)
+                for w in dict.fromkeys(windows)
+            }
+            out = compute(sums, ids)
+            if await self.history.cursor() == before:
+                return out
+        return out
 
     async def _with_history(
         self,
@@ -229,6 +285,9 @@ class UsageOps:
         window: float | None,
         now: float,
         history: list[Allocation] | None = None,
+        *,
+        stored: dict[float, Any] | None = None,
+        stored_ids: set[str] | None = None,
     ) -> dict[str, Any]:
         self.quorum.require_caught_up()
         out = self.quorum.read(
@@ -238,6 +297,8 @@ class UsageOps:
             period_days=self.period_days,
             now=now,
             history=history or (),
+            stored=stored,
+            stored_ids=stored_ids or (),
         )
         if out is None:
             raise _tenant_not_found(tenant)
@@ -250,6 +311,9 @@ class UsageOps:
         tenant: str | None,
         now: float,
         history: list[Allocation] | None = None,
+        *,
+        stored: dict[float, Any] | None = None,
+        stored_ids: set[str] | None = None,
     ) -> dict[str, Any]:
         self.quorum.require_caught_up()
         out = self.quorum.read(
@@ -259,10 +323,22 @@ class UsageOps:
             window_days=self.period_days if window is None else window,
             now=now,
             history=history or (),
+            stored=stored,
+            stored_ids=stored_ids or (),
         )
         if out is None:
             raise _tenant_not_found(tenant)
         return out
+
+
+def _ended_before(s: Any, cutoff: float) -> list[str]:
+    """A query: the ids of the ended allocations in the state that ended by ``cutoff``
+    (the only ones the history sweeper may have stored already)."""
+    return [
+        a.id
+        for a in s.allocations.values()
+        if a.terminal and a.finished_at is not None and a.finished_at <= cutoff
+    ]
 
 
 __all__ = ["MAX_DAYS", "MIN_DAYS", "UsageOps", "parse_days", "window_from_range"]

@@ -81,6 +81,9 @@ def add_routes(router: web.UrlDispatcher, ops: Operations) -> None:
             all_users=query_flag(q, "all"),
             limit=query_int(q, "limit"),
             task_group=q.get("task_group") or None,
+            # ended in [since, until): epoch seconds or RFC 3339 (lattice history)
+            ended_since=query_time(q, "since"),
+            ended_until=query_time(q, "until"),
         )
         return json_response({"allocations": found})
 

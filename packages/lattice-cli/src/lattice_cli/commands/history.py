@@ -56,8 +56,16 @@ def history(
         fail(exc.message, hint=exc.hint, code=2)
 
     async def go(client: Any) -> Any:
+        # the server filters by end time and cuts to the latest `limit` (the history
+        # store does it in SQL); the filter below only repeats it for older servers
         return await client.list_allocations(
-            state=",".join(slurm_cli.TERMINAL_STATES), user=user, all=all_
+            state=",".join(slurm_cli.TERMINAL_STATES),
+            user=user,
+            all=all_,
+            # a limit alone is a window from the epoch: the latest `limit` to end
+            since=start if start is not None else (0.0 if limit else None),
+            until=end,
+            limit=limit,
         )
 
     allocs = [a.raw for a in run_api(st, go)]

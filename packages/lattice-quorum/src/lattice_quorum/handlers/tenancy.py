@@ -42,6 +42,7 @@ def create_tenant(state: GlobalState, cmd: c.CreateTenant, ch: Changes) -> c.Com
     bump(state)
     t.created_at = cmd.now
     t.revision = state.revision
+    t.retired_usage = {}  # the ledger's totals are the quorum's own (handlers.retention)
     state.tenants[t.name] = t
     ch.tenants.add(t.name)
     return c.CommandResult(revision=state.revision, tenant=t)

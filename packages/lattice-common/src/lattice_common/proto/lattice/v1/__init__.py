@@ -120,6 +120,7 @@ __all__ = (
     "LaunchStart",
     "LaunchTasksRequest",
     "LaunchTasksResponse",
+    "LedgerDay",
     "ListAllocationsRequest",
     "ListAllocationsResponse",
     "ListDagsRequest",
@@ -3475,6 +3476,31 @@ default_message_pool.register_message("lattice.v1", "LaunchTasksResponse", Launc
 
 
 @dataclass(eq=False, repr=False)
+class LedgerDay(betterproto2.Message):
+    """
+    One UTC day of a tenant's retired usage; mirrors lattice_common.types.LedgerDay.
+    """
+
+    node_seconds: "float" = betterproto2.field(1, betterproto2.TYPE_DOUBLE)
+    """
+    node-seconds run that day
+    """
+
+    gpu_seconds: "float" = betterproto2.field(2, betterproto2.TYPE_DOUBLE)
+    """
+    GPU-seconds run that day
+    """
+
+    allocations: "int" = betterproto2.field(3, betterproto2.TYPE_INT64)
+    """
+    retired allocations that ended that day
+    """
+
+
+default_message_pool.register_message("lattice.v1", "LedgerDay", LedgerDay)
+
+
+@dataclass(eq=False, repr=False)
 class ListAllocationsRequest(betterproto2.Message):
     state: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
     """
@@ -3514,6 +3540,16 @@ class ListAllocationsRequest(betterproto2.Message):
     task_group_id: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
     """
     filter by task group
+    """
+
+    ended_since: "float" = betterproto2.field(9, betterproto2.TYPE_DOUBLE)
+    """
+    ended at or after (epoch seconds); 0 = no bound; with a bound, limit keeps the latest to end
+    """
+
+    ended_until: "float" = betterproto2.field(10, betterproto2.TYPE_DOUBLE)
+    """
+    ended before (epoch seconds); 0 = no bound
     """
 
 
@@ -5908,6 +5944,16 @@ class Tenant(betterproto2.Message):
     )
     """
     highest class its users may ask for; unset = any
+    """
+
+    retired_usage: "dict[int, LedgerDay]" = betterproto2.field(
+        12,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_INT64, betterproto2.TYPE_MESSAGE),
+    )
+    """
+    the internal budget ledger's totals of its allocations that left the quorum's state,
+    by UTC day number (days since the epoch); the API answers it empty (usage RPCs report usage)
     """
 
 
