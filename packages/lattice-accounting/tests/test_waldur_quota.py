@@ -24,6 +24,10 @@ from lattice_test_harness.fake_waldur import FakeWaldur
 from lattice_test_harness.local_api import LocalApi, serve_local_api
 from pydantic import SecretStr
 
+# module-level tokens are minted at collection; a whole suite (run in any order, on any
+# number of workers) must finish before they expire
+TOKEN_LIFETIME_S = 6 * 3600
+
 pytestmark = pytest.mark.timeout(120)
 
 TOKEN = "waldur-token-quota-0123456789"
@@ -96,7 +100,9 @@ async def test_remaining_budget_overrides_the_ledger_while_waldur_answers(
 
 def bearer(sub: str, **claims: Any) -> str:
     return jwt.encode(
-        {"sub": sub, "exp": int(time.time()) + 600, **claims}, SECRET, algorithm="HS256"
+        {"sub": sub, "exp": int(time.time()) + TOKEN_LIFETIME_S, **claims},
+        SECRET,
+        algorithm="HS256",
     )
 
 

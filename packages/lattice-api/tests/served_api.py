@@ -18,6 +18,10 @@ from lattice_common.proto.lattice import v1
 from lattice_common.types import AllocationSpec, AllocationState
 from lattice_test_harness.local_api import LocalApi, serve_local_api
 
+# module-level tokens are minted at collection; a whole suite (run in any order, on any
+# number of workers) must finish before they expire
+TOKEN_LIFETIME_S = 6 * 3600
+
 T = TypeVar("T")
 
 SECRET = "adapter-test-secret-that-is-long-enough!"
@@ -38,7 +42,7 @@ ROLE_CLAIMS: dict[Role, dict[str, Any]] = {
 def token(user: str, role: Role = Role.USER) -> str:
     if role == Role.AGENT:
         return AGENT_TOKEN
-    claims = {"sub": user, "exp": int(time.time()) + 600, **ROLE_CLAIMS[role]}
+    claims = {"sub": user, "exp": int(time.time()) + TOKEN_LIFETIME_S, **ROLE_CLAIMS[role]}
     return jwt.encode(claims, SECRET, algorithm="HS256")
 
 

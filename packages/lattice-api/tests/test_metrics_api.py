@@ -58,6 +58,10 @@ from lattice_test_harness import victoria
 from lattice_test_harness.local_api import LocalApi
 from served_api import ROLE_CLAIMS, SECRET, Grpc, Rest, bearer, serve_seeded
 
+# module-level tokens are minted at collection; a whole suite (run in any order, on any
+# number of workers) must finish before they expire
+TOKEN_LIFETIME_S = 6 * 3600
+
 pytestmark = pytest.mark.timeout(120)
 
 ALICE = bearer("alice")
@@ -69,7 +73,12 @@ CRAFTED = 'x"} or vector(1) or {a="'
 
 
 def member(user: str, tenant: str, role: Role = Role.USER) -> dict[str, str]:
-    claims = {"sub": user, "exp": int(time.time()) + 600, "tenant": tenant, **ROLE_CLAIMS[role]}
+    claims = {
+        "sub": user,
+        "exp": int(time.time()) + TOKEN_LIFETIME_S,
+        "tenant": tenant,
+        **ROLE_CLAIMS[role],
+    }
     return {"authorization": "Bearer " + jwt.encode(claims, SECRET, algorithm="HS256")}
 
 
