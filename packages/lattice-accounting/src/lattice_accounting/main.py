@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lattice_common.config import LatticeConfig, load_config
+from lattice_common.config import load_config
 from lattice_common.errors import FailedPrecondition, LatticeError
 from lattice_common.process import daemon_main, run_until_signal, start_metrics
 
@@ -41,23 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _tls(cfg: LatticeConfig) -> Any:
-    from lattice_common.rpc import service_tls
-
-    try:
-        return service_tls(cfg.tls)
-    except (OSError, ValueError) as e:
-        raise LatticeError(
-            f"cannot load the TLS files: {e}",
-            hint="Check tls.ca, tls.cert and tls.key (a service certificate from "
-            "`lattice admin ca issue`).",
-        ) from None
-
-
 async def run(args: argparse.Namespace) -> None:
     from aiohttp import web
     from lattice_common.net import split_host_port
-    from lattice_common.rpc import Endpoints, RemoteQuorum
+    from lattice_common.rpc import Endpoints, RemoteQuorum, service_tls
 
     from lattice_accounting.api import build_app
     from lattice_accounting.binding import ServiceLedger
@@ -84,7 +71,7 @@ async def run(args: argparse.Namespace) -> None:
     # overflow connection is opened and closed per request, the slowest part of a call)
     ledger = await ServiceLedger.open(ac.ledger_url, pool_size=32)
     token = cfg.api.agent_token.get_secret_value() if cfg.api.agent_token else None
-    quorum = RemoteQuorum(Endpoints(args.quorum_endpoint, ssl=_tls(cfg)), token=token)
+    quorum = RemoteQuorum(Endpoints(args.quorum_endpoint, ssl=service_tls(cfg.tls)), token=token)
     svc = AccountingService(
         ledger,
         quorum,

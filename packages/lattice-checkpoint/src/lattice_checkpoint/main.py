@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from lattice_common.config import LatticeConfig, load_config
+from lattice_common.config import load_config
 from lattice_common.errors import LatticeError
 from lattice_common.process import daemon_main, run_until_signal, start_metrics
 from lattice_common.rpc import Endpoints, RemoteQuorum, service_tls
@@ -69,7 +69,9 @@ def build_broker(args: argparse.Namespace) -> Broker:
     root = args.checkpoint_root or ck.checkpoint_root
     start_metrics(ck.metrics_listen if args.metrics_listen is None else args.metrics_listen)
     token = cfg.api.agent_token.get_secret_value() if cfg.api.agent_token else None
-    quorum = RemoteQuorum(Endpoints(args.quorum_endpoint, ssl=_tls(cfg)), token=token)
+    quorum = RemoteQuorum(
+        Endpoints(args.quorum_endpoint, ssl=service_tls(cfg.tls, "checkpoint")), token=token
+    )
     return Broker(
         quorum,
         open_checkpoint_store(root, cfg.storage, probe_bytes=PROBE_BYTES),
@@ -82,17 +84,6 @@ def build_broker(args: argparse.Namespace) -> Broker:
         # ECC and thermal signals from the TSDB the agents push to; none without one
         health=TsdbHealth(cfg.telemetry.tsdb_endpoint) if cfg.telemetry.tsdb_endpoint else None,
     )
-
-
-def _tls(cfg: LatticeConfig) -> Any:
-    try:
-        return service_tls(cfg.tls)
-    except (OSError, ValueError) as e:
-        raise LatticeError(
-            f"cannot load the TLS files: {e}",
-            hint="Check tls.ca, tls.cert and tls.key (a checkpoint certificate from "
-            "`lattice admin ca issue --kind checkpoint`).",
-        ) from None
 
 
 async def run(args: argparse.Namespace) -> None:

@@ -133,19 +133,29 @@ class Endpoints:
         self._retired.clear()
 
 
-def service_tls(tls: TlsConfig) -> ssl.SSLContext | None:
-    """The client TLS context of a service (scheduler, checkpoint broker) from its
-    ``tls`` config: None without ``tls.ca`` (plaintext); with ``tls.cert``/``tls.key``
-    it presents them (mTLS, required by lattice-server when ``api.tls_ca`` is set)."""
+def service_tls(tls: TlsConfig, kind: str | None = None) -> ssl.SSLContext | None:
+    """The client TLS context of a service (scheduler, checkpoint broker, accounting)
+    from its ``tls`` config: None without ``tls.ca`` (plaintext); with
+    ``tls.cert``/``tls.key`` it presents them (mTLS, required by lattice-server when
+    ``api.tls_ca`` is set). Files that cannot be read or used are a LatticeError whose
+    hint names the certificate ``kind`` to issue."""
     if not tls.ca:
         return None
     from pathlib import Path
 
     from lattice_common import pki
 
-    cert = Path(tls.cert).read_bytes() if tls.cert else None
-    key = Path(tls.key).read_bytes() if tls.key else None
-    return pki.client_context([Path(tls.ca).read_bytes()], cert, key)
+    try:
+        cert = Path(tls.cert).read_bytes() if tls.cert else None
+        key = Path(tls.key).read_bytes() if tls.key else None
+        return pki.client_context([Path(tls.ca).read_bytes()], cert, key)
+    except (OSError, ValueError) as e:
+        issue = f"lattice admin ca issue --kind {kind}" if kind else "lattice admin ca issue"
+        raise LatticeError(
+            f"cannot load the TLS files: {e}",
+            hint=f"Check tls.ca, tls.cert and tls.key (a {kind or 'service'} certificate "
+            f"from `{issue}`).",
+        ) from None
 
 
 def auth_metadata(token: str | None = None) -> dict[str, str] | None:

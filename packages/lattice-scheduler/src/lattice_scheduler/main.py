@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from lattice_common.config import LatticeConfig, load_config
+from lattice_common.config import load_config
 from lattice_common.errors import LatticeError
 from lattice_common.process import daemon_main, run_until_signal, start_metrics
 from lattice_common.rpc import Endpoints, RemoteQuorum, service_tls
@@ -72,7 +72,9 @@ def build_scheduler(args: argparse.Namespace) -> Scheduler:
         trace = TraceCapture(cfg.scheduling.trace_path)
     from lattice_scheduler.autoscaler import Autoscaler
 
-    quorum = RemoteQuorum(Endpoints(args.quorum_endpoint, ssl=_tls(cfg)), token=token)
+    quorum = RemoteQuorum(
+        Endpoints(args.quorum_endpoint, ssl=service_tls(cfg.tls, "scheduler")), token=token
+    )
     # reactive allocations: their metric from the TSDB the agents push to
     autoscaler = Autoscaler(
         quorum,
@@ -94,17 +96,6 @@ def build_scheduler(args: argparse.Namespace) -> Scheduler:
         estimate_budget_seconds=cfg.scheduling.estimate_budget_seconds,
         autoscaler=autoscaler,
     )
-
-
-def _tls(cfg: LatticeConfig) -> Any:
-    try:
-        return service_tls(cfg.tls)
-    except (OSError, ValueError) as e:
-        raise LatticeError(
-            f"cannot load the TLS files: {e}",
-            hint="Check tls.ca, tls.cert and tls.key (a scheduler certificate from "
-            "`lattice admin ca issue --kind scheduler`).",
-        ) from None
 
 
 async def run(args: argparse.Namespace) -> None:
