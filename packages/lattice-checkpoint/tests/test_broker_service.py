@@ -90,3 +90,60 @@ def test_the_scheduler_f8_reads_the_published_estimate() -> None:
     assert f8_checkpoint_efficiency(a, ctx) == 0.5
     # the scheduler's own estimate, when it has one, wins
     assert f8_checkpoint_efficiency(a, ScoringContext(now=0, checkpoint_minutes={"a": 0.0})) == 1.0
+
+
+def test_retention_deletes_checkpoints_of_allocations_ended_long_ago_live_or_in_history(
+    tmp_path: Path,
+) -> None:
+    """The broker sweeps checkpoints of allocations ended longer ago than the retention:
+    one still in the quorum's state (the mirror), one that already left it for the
+    history store; a recent end, a running allocation and an unknown one are kept."""
+    from lattice_checkpoint.broker import Retention
+    from lattice_checkpoint.storage import allocation_key
+    from lattice_common.history import HistoryStore, sqlite_url
+
+    now = time.time()
+    day = 86400.0
+
+    def ended(aid: str, days_ago: float) -> Allocation:
+        a = running(aid, "n0", 3600.0)
+        a.state = AllocationState.COMPLETED
+        a.finished_at = now - days_ago * day
+        return a
+
+    old_live, old_gone, recent, busy = (
+        ended("old-live", 8),
+        ended("old-gone", 30),
+        ended("recent", 1),
+        running("busy", "n1", 60.0),
+    )
+    unknown = running("unknown", "n2", 60.0)
+    root = tmp_path / "ck"
+    root.mkdir()
+    store = LocalCheckpointStore(str(root), probe_bytes=1 << 16)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "state.bin").write_bytes(b"x" * 1024)
+    for a in (old_live, old_gone, recent, busy, unknown):
+        asyncio.run(store.upload(src, allocation_key(a), "ckpt-1"))
+
+    async def sweep() -> list[str]:
+        history = await HistoryStore.open(sqlite_url(str(tmp_path / "history.db")))
+        try:
+            await history.append([old_gone], revision=1)
+            broker = Broker(
+                RecordingQuorum(),  # type: ignore[arg-type]
+                store,
+                retention=Retention(store, 7 * day, history=history),
+            )
+            for a in (old_live, recent, busy):
+                broker.mirror.allocations[a.id] = a
+            report = await broker.sweep_retention(now=now)
+            assert report is not None and report.errors == []
+            return sorted(k.alloc for k in report.deleted)
+        finally:
+            await history.close()
+
+    assert asyncio.run(sweep()) == ["old-gone", "old-live"]
+    left = sorted(k.alloc for k in asyncio.run(store.list_allocations()))
+    assert left == ["busy", "recent", "unknown"]

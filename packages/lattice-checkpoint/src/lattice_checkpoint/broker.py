@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -37,14 +38,16 @@ from typing import Protocol
 
 from lattice_common import commands as c
 from lattice_common.errors import LatticeError
+from lattice_common.history import HistoryStore
 from lattice_common.rpc import RemoteQuorum
 from lattice_common.types import Allocation, AllocationState, Node, NodeState
 from lattice_common.watch import StateMirror
 from prometheus_client import Counter, Gauge, Histogram
 
 from lattice_checkpoint import cost
-from lattice_checkpoint.storage.base import ProbeResult
+from lattice_checkpoint.storage.base import CheckpointStore, ProbeResult
 from lattice_checkpoint.storage.outage import STORAGE_UNAVAILABLE
+from lattice_checkpoint.storage.retention import SweepReport, sweep_expired_checkpoints
 
 log = logging.getLogger("lattice.checkpoint")
 
@@ -278,6 +281,18 @@ _DEGRADED = cost.NodeHealth(degraded=True)
 # --------------------------------------------------------------------------- service
 
 
+@dataclass
+class Retention:
+    """Checkpoint retention (spec: Data Retention, 7 days after completion by
+    default): ``store`` is swept every ``interval`` seconds; ``history`` answers for
+    allocations that already left the quorum's state (after 24 h by default)."""
+
+    store: CheckpointStore
+    seconds: float
+    history: HistoryStore | None = None
+    interval: float = 3600.0
+
+
 class Broker:
     def __init__(
         self,
@@ -289,9 +304,12 @@ class Broker:
         storage_cost_gpu_hours_per_gb: float = cost.DEFAULT_STORAGE_COST_GPU_HOURS_PER_GB,
         reconnect_delay: float = 0.5,
         health: HealthSource | None = None,
+        retention: Retention | None = None,
     ) -> None:
         self.quorum = quorum
         self.health = health
+        self.retention = retention
+        self._swept_at = -math.inf
         self.probe = probe
         self.interval = interval
         self.params = params or cost.ModelParams()
@@ -315,12 +333,51 @@ class Broker:
                     raise
                 except Exception:
                     log.exception("evaluation failed (retrying next interval)")
+                await self._sweep_when_due()
                 await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - t0)))
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
             self.quorum.endpoints.close()
+
+    async def _sweep_when_due(self) -> None:
+        r = self.retention
+        if r is None or not self.storage_ok or time.monotonic() - self._swept_at < r.interval:
+            return
+        self._swept_at = time.monotonic()
+        try:
+            await self.sweep_retention()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("checkpoint retention sweep failed (retrying in %.0fs)", r.interval)
+
+    async def sweep_retention(self, now: float | None = None) -> SweepReport | None:
+        """Delete the checkpoints of allocations that ended longer ago than the
+        retention. Live allocations are judged from the watch mirror, those that already
+        left the quorum's state from the history store; allocations neither knows are
+        kept."""
+        r = self.retention
+        if r is None:
+            return None
+
+        async def lookup(ids: list[str]) -> list[Allocation]:
+            known = [self.mirror.allocations[i] for i in ids if i in self.mirror.allocations]
+            gone = [i for i in ids if i not in self.mirror.allocations]
+            if gone and r.history is not None:
+                known.extend((await r.history.get_many(gone)).values())
+            return known
+
+        report = await sweep_expired_checkpoints(
+            r.store, lookup, now=time.time() if now is None else now, retention_seconds=r.seconds
+        )
+        if report.deleted:
+            log.info(
+                "checkpoint retention: deleted the checkpoints of %d ended allocation(s)",
+                len(report.deleted),
+            )
+        return report
 
     async def _watch(self) -> None:
         while True:

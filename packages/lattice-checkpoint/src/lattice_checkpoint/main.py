@@ -40,6 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "checkpoint.checkpoint_root)",
     )
     p.add_argument(
+        "--history-database-url",
+        help="the quorum's history store, asked about allocations that left its state "
+        "when checkpoint retention decides (default: config storage.history_database_url; "
+        "without one, only allocations still in the state are judged)",
+    )
+    p.add_argument(
         "--metrics-listen", help="host:port for /metrics; empty to disable (default: config)"
     )
     p.add_argument("--log-level", default=os.environ.get("LATTICE_LOG_LEVEL", "info"))
@@ -50,7 +56,7 @@ def build_broker(args: argparse.Namespace) -> Broker:
     """The broker the command line and config file describe (starts nothing but the
     metrics endpoint)."""
     from lattice_checkpoint import cost
-    from lattice_checkpoint.broker import PROBE_BYTES, Broker
+    from lattice_checkpoint.broker import PROBE_BYTES, Broker, Retention
     from lattice_checkpoint.health import TsdbHealth
     from lattice_checkpoint.storage import open_checkpoint_store
 
@@ -67,6 +73,7 @@ def build_broker(args: argparse.Namespace) -> Broker:
             hint="Give seconds between evaluations, e.g. --evaluation-interval 30.",
         )
     root = args.checkpoint_root or ck.checkpoint_root
+    store = open_checkpoint_store(root, cfg.storage, probe_bytes=PROBE_BYTES)
     start_metrics(ck.metrics_listen if args.metrics_listen is None else args.metrics_listen)
     token = cfg.api.agent_token.get_secret_value() if cfg.api.agent_token else None
     quorum = RemoteQuorum(
@@ -74,7 +81,7 @@ def build_broker(args: argparse.Namespace) -> Broker:
     )
     return Broker(
         quorum,
-        open_checkpoint_store(root, cfg.storage, probe_bytes=PROBE_BYTES),
+        store,
         interval=interval,
         params=cost.ModelParams(
             node_mtbf_hours=ck.node_mtbf_hours,
@@ -83,11 +90,18 @@ def build_broker(args: argparse.Namespace) -> Broker:
         storage_cost_gpu_hours_per_gb=ck.storage_cost_gpu_hours_per_gb,
         # ECC and thermal signals from the TSDB the agents push to; none without one
         health=TsdbHealth(cfg.telemetry.tsdb_endpoint) if cfg.telemetry.tsdb_endpoint else None,
+        retention=Retention(store, ck.retention_days * 86400.0) if ck.retention_days > 0 else None,
     )
 
 
 async def run(args: argparse.Namespace) -> None:
-    await run_until_signal(build_broker(args).run())
+    broker = build_broker(args)
+    url = args.history_database_url or load_config(args.config).storage.history_database_url
+    if broker.retention is not None and url:
+        from lattice_common.history import HistoryStore
+
+        broker.retention.history = await HistoryStore.open(url)
+    await run_until_signal(broker.run())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -444,6 +444,8 @@ class LocalCluster:
                 self.grpc_endpoints,
                 "--metrics-listen",
                 f"127.0.0.1:{self.broker_metrics_port}",
+                "--history-database-url",
+                self.history_url,
             ],
         )
 
