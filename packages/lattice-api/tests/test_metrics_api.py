@@ -56,11 +56,15 @@ from lattice_common.proto.lattice import v1
 from lattice_common.types import Allocation, AllocationSpec, AllocationState
 from lattice_test_harness import victoria
 from lattice_test_harness.local_api import LocalApi
-from served_api import ROLE_CLAIMS, SECRET, Grpc, Rest, bearer, serve_seeded
-
-# module-level tokens are minted at collection; a whole suite (run in any order, on any
-# number of workers) must finish before they expire
-TOKEN_LIFETIME_S = 6 * 3600
+from served_api import (
+    ROLE_CLAIMS,
+    SECRET,
+    TOKEN_LIFETIME_S,
+    Grpc,
+    Rest,
+    bearer,
+    serve_seeded,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
