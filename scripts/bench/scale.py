@@ -393,21 +393,46 @@ async def _dump_probe(cluster: Any, args: Any, runs: int) -> dict[str, Any]:
     await task
     q.endpoints.close()
     stalls = []
+    worst: list[list[float]] = []  # per dump: the slowest commits, [ms, start s into the dump]
     for d0, d1 in dumps:
-        inside = [e - s for s, e in samples if e >= d0 and s <= d1]
-        stalls.append(max(inside) if inside else None)
+        inside = [(e - s, s - d0) for s, e in samples if e >= d0 and s <= d1]
+        stalls.append(max(x for x, _ in inside) if inside else None)
+        worst.append([[r(1000 * x), r(at, 2)] for x, at in sorted(inside, reverse=True)[:5]])
     outside = [
         e - s for s, e in samples if not any(e >= d0 - 0.5 and s <= d1 + 0.5 for d0, d1 in dumps)
     ]
     return {
+        **_gc_figures(cluster, leader),
+        "leader_changed_during_probe": cluster.leader(LEADER_WAIT) is not leader,
         "dump_s": r(median(d1 - d0 for d0, d1 in dumps), 3) if dumps else None,
         "max_commit_stall_ms": r(1000 * max(x for x in stalls if x is not None))
         if any(x is not None for x in stalls)
         else None,
+        "slowest_commits_in_dump": worst,
         "dumps_seen": len(dumps),
         "dump_bytes": dump.stat().st_size if dump.exists() else None,
         "commit_max_outside_dump_ms": r(1000 * max(outside)) if outside else None,
         "commits_probed": len(samples),
+    }
+
+
+def _gc_figures(cluster: Any, leader: Any) -> dict[str, Any]:
+    """Each member's garbage-collector pauses (``lattice_common.heap``) since it started:
+    full collections, the longest, and the objects kept out of their walks."""
+    out: dict[str, Any] = {}
+    for m in cluster.members:
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            mm = metrics(m.rest_url + "/metrics")
+            out[str(m.id)] = {
+                "full_collections": int(
+                    mm.get('lattice_gc_pause_seconds_count{generation="2"}', 0)
+                ),
+                "longest_full_ms": r(1000 * mm.get("lattice_gc_longest_full_pause_seconds", 0.0)),
+                "frozen_objects": int(mm.get("lattice_gc_frozen_objects", 0)),
+            }
+    return {
+        "gc_by_member": out,
+        "leader_gc_longest_full_ms": out.get(str(leader.id), {}).get("longest_full_ms"),
     }
 
 

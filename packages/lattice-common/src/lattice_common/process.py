@@ -1,5 +1,6 @@
 """What every Lattice daemon does the same way: JSON logs, a metrics endpoint, run
-until SIGINT/SIGTERM, and print typed errors (not tracebacks) on a failed start."""
+until SIGINT/SIGTERM, short garbage-collector pauses (``lattice_common.heap``), and print
+typed errors (not tracebacks) on a failed start."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from lattice_common.errors import LatticeError
+from lattice_common.heap import keeper
 from lattice_common.logging import setup_logging
 
 
@@ -53,6 +55,7 @@ def daemon_main(
 ) -> None:
     setup_logging(component, log_level)
     try:
+        keeper()  # from now on, full collections stay short (lattice_common.heap)
         run_event_loop(run())
     except LatticeError as e:
         print(e.render(), file=sys.stderr)

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from lattice_common import heap
 from lattice_common.types import (
     HOLDING_STATES,
     Allocation,
@@ -199,4 +200,4 @@ class StateMirror:
             # collector's full walks (every delta's records counted towards one and
             # walked all of them; halves a 10,000-record delta at 100,000 mirrored).
             # Replaced records are still freed by their reference counts.
-            gc.freeze()
+            heap.freeze()

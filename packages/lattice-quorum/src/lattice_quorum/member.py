@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lattice_common import commands as c
+from lattice_common import heap
 from lattice_common.errors import LatticeError, NotLeader, Unavailable, ValidationError
 from prometheus_client import Gauge, Histogram
 from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjConsumer, replicated
@@ -76,6 +77,8 @@ class StateMachine(SyncObjConsumer):
     def _deserialize(self, data: Any) -> None:  # full dump loaded (restart or catch-up)
         with self._lock:
             super()._deserialize(data)
+        # the whole state was just built: keep it out of the collector's full walks
+        heap.freeze()
         self._on_reset()
 
 

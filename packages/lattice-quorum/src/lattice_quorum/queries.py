@@ -162,6 +162,11 @@ def node_state_counts(s: GlobalState) -> dict[NodeState, int]:
     return counts
 
 
+def each_node_of(s: GlobalState, ids: Iterable[str], fn: Callable[[Node], T]) -> list[T]:
+    """``fn`` of the nodes named (those that exist), in one consistent read."""
+    return [fn(n) for i in ids if (n := s.nodes.get(i)) is not None]
+
+
 def each_node(s: GlobalState, fn: Callable[[Node], T]) -> list[T]:
     """``fn`` of every node, in one consistent read; ``fn`` must return values, not the
     node itself (e.g. ``(n.id, n.state)``)."""
