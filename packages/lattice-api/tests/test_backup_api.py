@@ -199,7 +199,10 @@ async def test_the_scheduler_runs_on_the_leader_and_counts_failures(served, tmp_
     sched.start()
     try:
         for _ in range(200):
-            if (tmp_path / "s" / "snap-latest.bin").exists():
+            # the success is counted once the snapshot call returns, after the file
+            if (tmp_path / "s" / "snap-latest.bin").exists() and _sample(
+                "lattice_backup_last_success_timestamp_seconds"
+            ) > before:
                 break
             await asyncio.sleep(0.05)
         assert (tmp_path / "s" / "snap-latest.bin").exists()

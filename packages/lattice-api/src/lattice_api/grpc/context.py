@@ -6,9 +6,9 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-from betterproto2 import Casing, OutputFormat
 from lattice_common.errors import LatticeError, ValidationError
 from lattice_common.rpc import grpc_error
+from lattice_common.wire import message_to_dict
 
 from lattice_api.auth import Identity
 
@@ -29,7 +29,7 @@ def who() -> Identity:
 
 def to_body(message: Any) -> dict[str, Any]:
     """A proto message as the plain dict the operations take (snake_case keys)."""
-    return message.to_dict(casing=Casing.SNAKE, output_format=OutputFormat.PYTHON)
+    return message_to_dict(message)
 
 
 def update_fields(message: Any, kind: str) -> dict[str, Any]:
