@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 
 import betterproto2
 import msgspec
-from betterproto2 import Casing, OutputFormat
+from betterproto2 import Casing
 
 from lattice_common.errors import ValidationError
 
