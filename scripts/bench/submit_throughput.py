@@ -9,8 +9,9 @@ durable. Afterwards the number of allocations in the server is checked against t
 number acknowledged.
 
 The load generator shares the machine's cores with the server, so the clients are
-spread over ``--procs`` worker processes (default 2, 16 clients each); they connect and
-warm up first, then start together; the rate is acknowledged submissions / (last
+built as Lattice's own gRPC clients are (betterproto2 with ``lattice_common.wire``'s
+memoised field defaults) and spread over ``--procs`` worker processes (default 2, 16
+clients each); they connect and warm up first, then start together; the rate is acknowledged submissions / (last
 finish - first start) on the system-wide monotonic clock. Medians over runs, all on one
 cluster.
 
@@ -89,6 +90,7 @@ def _spec(tenant: str, vcluster: str) -> Any:
 async def _client_proc(
     address: str, n_clients: int, quota: list[int], tenant: str, vcluster: str, start: Any
 ) -> dict[str, Any]:
+    import lattice_common.wire  # noqa: F401  (as every Lattice gRPC client: memoised message defaults)
     from grpclib.exceptions import GRPCError
     from lattice_common.proto.lattice import v1
 
