@@ -41,6 +41,7 @@ def test_handlers_live_in_the_domain_modules() -> None:
         "lattice_quorum.handlers.nodes",
         "lattice_quorum.handlers.allocations",
         "lattice_quorum.handlers.assignment",
+        "lattice_quorum.handlers.handoff",
         "lattice_quorum.handlers.checkpoints",
         "lattice_quorum.handlers.tenancy",
         "lattice_quorum.handlers.pki",

@@ -129,6 +129,17 @@ class AssignNodes(Command, tag="assign_nodes"):
     vcluster: str = ""
 
 
+class SetNextAllocations(Command, tag="set_next_allocations"):
+    """Queue, per busy node, the pending one-node allocation that takes it when the
+    allocation holding it ends: the node is handed over in the commit that ends its
+    owner, so a short job's successor starts without a scheduling round trip (node id
+    -> allocation id; "" clears). Proposed by schedulers from their reservations; the
+    hand-over re-checks everything an assignment checks and skips a stale entry."""
+
+    next: dict[str, str]
+    vcluster: str = ""
+
+
 class ReleaseNodeClaim(Command, tag="release_node_claim"):
     """End a sensitive claim on an idle node. ``user``: who asks (must be the claiming
     user unless ``admin``)."""
@@ -383,6 +394,7 @@ AnyCommand = (
     | CreateSession
     | DeleteSession
     | AssignNodes
+    | SetNextAllocations
     | ReleaseNodeClaim
     | ScaleAllocation
     | SetScalingStatus
@@ -485,6 +497,7 @@ __all__ = [
     "ScaleAllocation",
     "SchedulerType",
     "SetCheckpointEstimates",
+    "SetNextAllocations",
     "SetNodeHealth",
     "SetPendingReasons",
     "SetScalingStatus",

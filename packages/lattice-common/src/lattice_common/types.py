@@ -509,6 +509,9 @@ class Node(msgspec.Struct, kw_only=True):
     # Telemetry collectors its agent reported at its last heartbeat (ebpf, proc, nvml),
     # filled on reads like agent_identity
     telemetry: str = ""
+    # The allocation the scheduler queued to take the node when its owner ends, handed
+    # over in the commit that ends it (SetNextAllocations; lattice_quorum.handlers.handoff)
+    next_allocation: str = ""
 
     @property
     def schedulable(self) -> bool:

@@ -28,6 +28,7 @@ from lattice_quorum.handlers import (  # services: installs the registry hook
     backup,
     checkpoints,
     dags,
+    handoff,
     nodes,
     pki,
     retention,
@@ -94,6 +95,7 @@ _HANDLERS: dict[type[c.Command], Handler] = {
     c.DeleteSession: sessions.delete_session,
     # assignment
     c.AssignNodes: assignment.assign_nodes,
+    c.SetNextAllocations: handoff.set_next_allocations,
     c.ReleaseNodeClaim: assignment.release_node_claim,
     c.ScaleAllocation: assignment.scale_allocation,
     c.SetScalingStatus: assignment.set_scaling_status,

@@ -211,9 +211,14 @@ def decide_vcluster(
     exclude: Collection[str] | None = None,
     home_pools: Collection[str] | None = None,
     budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
+    reserve_busy: bool = False,
 ) -> CycleDecision:
     """One vCluster's part of a scheduling cycle on the mirror ``m`` at ``now`` (see the
     module docstring). Pure: reads ``m``, changes nothing.
+
+    ``reserve_busy``: score and reserve even when no node is free (the cheap path skips
+    that), so that busy nodes get their next allocations (``next_allocations``): the
+    live loop asks for it after a hand-over used one up.
 
     ``exclude``: allocations not to consider (default: the held-back preempted ones;
     the live loop adds those whose assignment is still in flight). ``topology``
@@ -228,7 +233,7 @@ def decide_vcluster(
     if not pending:  # every pending one is held by a limit: say why
         return CycleDecision(waiting=list(limited))
     kind = scheduler_type(m, vc)
-    if not any(n.schedulable for n in m.nodes.values()):
+    if not reserve_busy and not any(n.schedulable for n in m.nodes.values()):
         # no free node anywhere: nothing can start, borrowed or not; keep the cycle
         # cheap (reasons and preemption only)
         _, waiting = plan_cycle(

@@ -20,12 +20,13 @@ from lattice_common import commands as c
 from lattice_common import ledger
 from lattice_common.errors import LatticeError
 from lattice_common.rpc import RemoteQuorum
-from lattice_common.types import ESTIMATE_NOW, Allocation, AllocationState, StartEstimate
+from lattice_common.types import ESTIMATE_NOW, Allocation, AllocationState, Node, StartEstimate
 from lattice_common.watch import StateMirror
 from prometheus_client import Counter, Gauge, Histogram
 
 from lattice_scheduler import decide, estimate
 from lattice_scheduler.autoscaler import Autoscaler
+from lattice_scheduler.handoff import next_allocations
 from lattice_scheduler.preemption import PreemptionPolicy
 from lattice_scheduler.solver import Pending, Proposal
 from lattice_scheduler.topology import TopologyModel
@@ -48,6 +49,11 @@ COST_DURATION = Histogram(
     "Time to build the scoring context for all candidates",
     ["vcluster"],
     buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
+)
+NEXT_QUEUED = Counter(
+    "lattice_scheduling_next_allocations_total",
+    "Busy nodes given a next allocation (handed over when their owner ends)",
+    ["vcluster"],
 )
 PLACEMENTS = Counter(
     "lattice_scheduling_placements_total", "Allocations placed (assignment committed)", ["vcluster"]
@@ -122,6 +128,7 @@ class Scheduler:
         self.preemption_policy = PreemptionPolicy()
         self.synced = asyncio.Event()
         self._poke = asyncio.Event()
+        self._reserve_busy = False  # the next cycle reserves even when no node is free
         # allocation id -> revision at which our assignment committed; skipped until the
         # mirror has caught up to it (no double proposals from a stale view)
         self._inflight: dict[str, int] = {}
@@ -187,6 +194,7 @@ class Scheduler:
         while True:
             try:
                 async for delta in self.quorum.watch():
+                    handed = not delta.snapshot and self._handed_over(delta.nodes)
                     if not delta.snapshot:
                         self._observe_preemptions(delta.allocations)
                     self.mirror.apply(delta)
@@ -194,6 +202,10 @@ class Scheduler:
                         self.trace.observe(delta)
                     if delta.snapshot:
                         self.synced.set()
+                        self.poke()
+                    elif handed:
+                        # a node went to its next allocation: queue the one after it
+                        self._reserve_busy = True
                         self.poke()
                     elif any(n.schedulable for n in delta.nodes) or (
                         any(
@@ -213,8 +225,23 @@ class Scheduler:
                 log.exception("watch-state stream failed; reconnecting")
             await asyncio.sleep(self.reconnect_delay)
 
+    def _handed_over(self, nodes: list[Node]) -> bool:
+        """A node of this scheduler's vClusters lost its next allocation (a hand-over,
+        or the entry dropped as stale)."""
+        for n in nodes:
+            prev = self.mirror.nodes.get(n.id)
+            if (
+                prev is not None
+                and prev.next_allocation
+                and not n.next_allocation
+                and prev.owner_vcluster in self.vclusters
+            ):
+                return True
+        return False
+
     async def cycle(self) -> None:
         rev = self.mirror.revision
+        reserve_busy, self._reserve_busy = self._reserve_busy, False
         self._inflight = {k: v for k, v in self._inflight.items() if v > rev}
         m = self.mirror
         now = time.time()
@@ -231,6 +258,7 @@ class Scheduler:
                 preemption_policy=self.preemption_policy,
                 exclude=exclude,
                 budget_period_days=self.budget_period_days,
+                reserve_busy=reserve_busy,
             )
             QUEUE_DEPTH.labels(vc).set(len(d.queue))
             if d.queue and not d.nothing_free:
@@ -241,6 +269,8 @@ class Scheduler:
             BACKFILLED.labels(vc).inc(sum(1 for p in proposals if p.backfilled))
             if proposals:
                 await self._assign(vc, proposals, rev)
+            if not d.nothing_free:  # reservations made: busy nodes' next allocations
+                await self._queue_next(vc, d, proposals)
             await self._preempt(vc, d.preemptions)
             await self._publish_reasons(d.waiting)
             CYCLE.labels(vc).observe(time.perf_counter() - t0)
@@ -280,6 +310,26 @@ class Scheduler:
                     p.allocation_id,
                     r.error.get("message"),
                 )
+
+    async def _queue_next(
+        self, vc: str, d: decide.CycleDecision, proposals: list[Proposal]
+    ) -> None:
+        changes = next_allocations(
+            self.mirror, vc, d.reservations, {p.allocation_id for p in proposals}
+        )
+        if not changes:
+            return
+        try:
+            res = await self.quorum.propose(
+                c.SetNextAllocations(next=changes, vcluster=vc, now=time.time())
+            )
+        except LatticeError as e:
+            log.warning("next allocations for %s failed: %s", vc, e.message)
+            return
+        if res.error:  # e.g. one of them was assigned meanwhile: the next cycle redoes it
+            log.info("next allocations for %s refused: %s", vc, res.error.get("message"))
+        else:
+            NEXT_QUEUED.labels(vc).inc(sum(1 for aid in changes.values() if aid))
 
     def poke_later(self, delay: float = 0.5) -> None:
         asyncio.get_running_loop().call_later(delay, self.poke)

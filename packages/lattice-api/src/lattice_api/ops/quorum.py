@@ -21,6 +21,7 @@ from lattice_api.auth import Identity, Role
 #: the commands schedulers and the checkpoint broker decide
 SERVICE_COMMANDS: tuple[type[c.Command], ...] = (
     c.AssignNodes,
+    c.SetNextAllocations,  # a busy node's next allocation (lattice_quorum.handlers.handoff)
     c.PreemptAllocation,
     c.SetPendingReasons,
     c.ScaleAllocation,

@@ -40,6 +40,7 @@ from lattice_quorum.handlers.common import (
     touch_alloc,
 )
 from lattice_quorum.handlers.dags import check_dependencies, hold
+from lattice_quorum.handlers.handoff import hand_off
 
 
 def submit_allocation(state: GlobalState, cmd: c.SubmitAllocation, ch: Changes) -> c.CommandResult:
@@ -132,6 +133,7 @@ def update_allocation_state(
                 a.started_at = cmd.started_at
             if cmd.peak_memory_bytes is not None:
                 a.peak_memory_bytes = cmd.peak_memory_bytes
+            hand_off(state, a, cmd.now, ch)  # its nodes to their queued next allocations
         return c.CommandResult(revision=state.revision, allocation=a)
     if cmd.state == AllocationState.SUSPENDED:
         # a Suspended allocation always has a checkpoint to resume from

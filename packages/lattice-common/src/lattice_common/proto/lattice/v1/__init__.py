@@ -4434,6 +4434,12 @@ class Node(betterproto2.Message):
     as the API member answering saw it (leader memory, never committed)
     """
 
+    next_allocation: "str" = betterproto2.field(28, betterproto2.TYPE_STRING)
+    """
+    The allocation its scheduler queued to take the node when the allocation holding it
+    ends: handed over in that same commit ("" = none; lattice_quorum.handlers.handoff)
+    """
+
 
 default_message_pool.register_message("lattice.v1", "Node", Node)
 
