@@ -1,0 +1,27 @@
+Feature: The next job in line takes a node the moment the job before it ends
+  When a node is busy and work waits, the scheduler queues the job that will follow on
+  it (its reservation) as the node's next allocation. The commit that ends the running
+  job hands the node to that next job at once, without a scheduling round trip, and the
+  scheduler then queues the one after it. A hand-over checks everything an assignment
+  does; what cannot follow (a cancelled job) leaves the node to the next cycle.
+
+  Each scenario runs on its own real cluster with one node.
+
+  Scenario: Jobs waiting for a single node follow one another without a scheduling round trip
+    Given a Lattice cluster with 1 node running a job until released
+    And two jobs that run until released waiting behind it
+    When the running job is released
+    Then the first waiting job runs on the node
+    And the node shows the second waiting job as its next allocation
+    When the first waiting job is released
+    Then the second waiting job runs on the node, started by the commit that ended the first
+
+  Scenario: A cancelled next job does not take the node
+    Given a Lattice cluster with 1 node running a job until released
+    And two jobs that run until released waiting behind it
+    When the running job is released
+    And the first waiting job runs on the node
+    And the node's next allocation is cancelled
+    And the first waiting job is released
+    Then the cancelled job never ran
+    And the node is free
