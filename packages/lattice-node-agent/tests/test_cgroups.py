@@ -138,6 +138,22 @@ def test_v2_create_writes_limits(v2root: Path) -> None:
     assert (d / "cpu.max").read_text() == "250000 100000"
 
 
+def test_v2_a_slice_removed_meanwhile_is_made_again(v2root: Path) -> None:
+    """Controllers are enabled down to the slice once; a slice removed under the agent
+    is made (and enabled) again for the next scope."""
+    import shutil
+
+    cg = CgroupsV2(v2root)
+    cg.create("a1", Limits(pids_max=64))
+    shutil.rmtree(v2root / "workload.slice")
+    scope = cg.create("a2", Limits(memory_bytes=GIB, pids_max=32))
+    d = v2root / "workload.slice" / "alloc-a2.scope"
+    assert scope.dirs[""] == d
+    assert (d / "memory.max").read_text() == str(GIB)
+    assert (d / "pids.max").read_text() == "32"
+    assert (v2root / "cgroup.subtree_control").read_text().startswith("+")
+
+
 def test_v2_usage_and_oom(v2root: Path) -> None:
     cg = CgroupsV2(v2root)
     scope = cg.scope("a1")
@@ -482,5 +498,73 @@ def test_real_v1_runtime_scope_lifecycle(real_cg: CgroupsV1, tmp_path: Path) -> 
         await rt2.recover()
         assert not any(d.exists() for d in orphan.dirs.values())
         await rt2.close()
+
+    asyncio.run(main())
+
+
+@real_v1
+def test_real_v1_a_slice_removed_meanwhile_is_made_again(real_cg: CgroupsV1) -> None:
+    """The levels above a scope are set up once; when the slice goes away under the agent
+    (an operator's cleanup), the next scope sets it up again, cpuset filled."""
+    first = real_cg.create("s1", Limits(pids_max=64))
+    assert real_cg.remove(first)
+    for mount in real_cg.controllers.values():
+        (mount / real_cg.slice).rmdir()
+    scope = real_cg.create("s2", Limits(pids_max=64))
+    cpuset = scope.dirs["cpuset"]
+    assert (cpuset.parent / "cpuset.cpus").read_text().strip()
+    assert (cpuset / "cpuset.cpus").read_text().strip()
+    r = _join_and_run(real_cg, scope, "cat /proc/self/cgroup")
+    assert r.returncode == 0, r.stderr
+    assert f"{real_cg.slice}/alloc-s2.scope" in r.stdout
+
+
+@real_v1
+def test_real_v1_output_of_escaped_processes_is_shipped_before_the_end(
+    real_cg: CgroupsV1, tmp_path: Path
+) -> None:
+    """A process that left the job's process group (setsid) but still writes its output
+    is killed in the scope before the last read: the store holds every line the file
+    has when the end is reported, and the file grows no more."""
+    from lattice_agent.runtime import ProcessRuntime
+    from lattice_common.logstore import FsLogStore, allocation_logs
+
+    async def main() -> None:
+        ended = asyncio.Event()
+        store = FsLogStore(tmp_path / "store")
+        rt = ProcessRuntime(
+            node_id="n1",
+            work_dir=tmp_path / "work",
+            log_dir=tmp_path / "log",
+            state_file=tmp_path / "state.json",
+            on_change=lambda r: ended.set() if r.phase == "exited" else None,
+            subreaper=False,
+            cgroups=real_cg,
+            log_store=store,
+            log_flush_interval=30,
+        )
+        await rt.recover()
+        alloc = Allocation(
+            id="escaper",
+            spec=AllocationSpec(
+                entrypoint="setsid sh -c 'while :; do echo x; done' & sleep 0.2; echo bye",
+                tenant="t",
+                vcluster="v",
+            ),
+        )
+        try:
+            await rt.start(alloc, nodelist=["n1"])
+            await asyncio.wait_for(ended.wait(), 30)
+            in_file = (tmp_path / "log" / "escaper" / "stdout.log").read_text().splitlines()
+            stored = await allocation_logs(store, alloc).read()
+            assert stored.complete
+            assert "bye" in in_file and len(in_file) > 10
+            assert [ln.line for ln in stored.lines if ln.stream == "stdout"] == in_file
+            await asyncio.sleep(0.1)  # killed with the scope: the file grows no more
+            assert (tmp_path / "log" / "escaper" / "stdout.log").read_text().splitlines() == (
+                in_file
+            )
+        finally:
+            await rt.close()
 
     asyncio.run(main())

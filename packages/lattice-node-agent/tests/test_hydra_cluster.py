@@ -219,6 +219,40 @@ async def test_socket_is_the_allocations_own(node: Node) -> None:
     assert not sock.exists()
 
 
+async def test_the_server_starts_with_the_first_connection(node: Node) -> None:
+    """Most jobs never run mpirun: their socket listens from the start (a launcher can
+    connect at once) but no server runs until one does, and that first one is served."""
+    sock = node.sockets.path(node.alloc.id)
+    assert stat.S_ISSOCK(sock.stat().st_mode)
+    assert not node.sockets.serving(node.alloc.id)
+    # two launchers at once: both wait in the backlog while the server starts
+    codes = await asyncio.gather(
+        mpi_launcher.run(str(sock), node.alloc.id, "n0", "exit 7"),
+        mpi_launcher.run(str(sock), node.alloc.id, "n0", "exit 8"),
+    )
+    assert codes == [7, 8]
+    assert node.sockets.serving(node.alloc.id)
+
+
+async def test_an_unused_socket_leaves_nothing_behind(tmp_path: Path) -> None:
+    alloc = b.allocation(state=AllocationState.RUNNING, user="u", submit_dir=str(tmp_path))
+    alloc.assigned_nodes = ["n0"]
+    n = Node(tmp_path, alloc)
+    fds = len(os.listdir("/proc/self/fd"))
+    try:
+        for _ in range(20):  # a stream of plain jobs
+            await n.sockets.sync({alloc.id: alloc})
+            assert n.sockets.path(alloc.id).exists()
+            assert not n.sockets.serving(alloc.id)
+            await n.sockets.sync({})
+            assert not n.sockets.path(alloc.id).exists()
+        assert len(os.listdir("/proc/self/fd")) == fds
+    finally:
+        await n.sockets.close()
+        await n.launches.close()
+        n.channels.close()
+
+
 async def test_launcher_runs_a_command_through_the_socket(
     node: Node, capfdbinary: pytest.CaptureFixture[bytes]
 ) -> None:

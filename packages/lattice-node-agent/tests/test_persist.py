@@ -82,3 +82,20 @@ def test_corrupt_state_file_is_set_aside(tmp_path: Path) -> None:
     assert (tmp_path / "agent-state.json.corrupt").read_text() == "{not json"
     path.write_text(json.dumps({"allocations": [{"id": "x"}, "junk", 3]}))
     assert f.load() == [{"id": "x"}]  # non-objects are dropped; from_entry judges the rest
+
+
+def test_state_file_stays_readable_and_its_directory_comes_back(tmp_path: Path) -> None:
+    """The file keeps its indented, sorted layout for whoever reads it by hand, and a
+    state directory removed while the agent runs is made again at the next save."""
+    f = StateFile(tmp_path / "state" / "agent-state.json", node_id="n1", clock=lambda: 5.0)
+    entries = [to_entry(saved()), to_entry(saved(status=Status.EXITED, exit_code=0))]
+    f.save(entries)
+    expected = {"allocations": entries, "node_id": "n1", "version": STATE_VERSION}
+    assert f.path.read_text() == json.dumps(
+        expected | {"written_at": 5.0}, indent=1, sort_keys=True
+    )
+    f.path.unlink()
+    f.path.parent.rmdir()
+    f.save([])
+    assert f.load() == []
+    assert stat.S_IMODE(os.stat(f.path).st_mode) == 0o600

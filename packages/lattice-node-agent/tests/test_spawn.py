@@ -142,6 +142,31 @@ def test_spawn_runs_the_wrapper_in_its_own_session(tmp_path: Path) -> None:
     assert paths.stderr.read_text() == "err\n"
 
 
+def test_the_job_starts_with_default_signal_dispositions(tmp_path: Path) -> None:
+    """What the agent ignores (SIGHUP, SIGINT, SIGPIPE) or handles (SIGUSR2) is the
+    default again in the job: an ignored disposition would otherwise survive exec."""
+    import signal
+
+    wanted = (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE, signal.SIGUSR2)
+    before = {s: signal.getsignal(s) for s in wanted}
+    for s in wanted[:3]:
+        signal.signal(s, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, lambda *_: None)
+    try:
+        paths = AllocPaths.of("sig", tmp_path / "work", tmp_path / "logs")
+        launched = spawn(
+            make_alloc("sig", "grep -E '^Sig(Ign|Cgt):' /proc/self/status"), [], "n1", paths
+        )
+        assert wait_status(launched.pid) == 0
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    masks = dict(line.split(":") for line in paths.stdout.read_text().splitlines())
+    for name in ("SigIgn", "SigCgt"):
+        mask = int(masks[name], 16)
+        assert not [s.name for s in wanted if mask >> (s - 1) & 1], name
+
+
 def test_spawn_uses_an_existing_submit_dir(tmp_path: Path) -> None:
     submit = tmp_path / "submit"
     submit.mkdir()

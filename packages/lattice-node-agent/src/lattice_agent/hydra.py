@@ -19,6 +19,12 @@ nodes outside its allocation. A WatchLaunch that goes away before the command en
 ``HydraSockets.sync`` (from the agent's desired-state loop) opens a socket and writes
 Hydra's host file (the allocation's nodes, one per line) for every allocation
 assigned to this node and closes the sockets of allocations that left.
+
+Most jobs never call ``mpirun``, so the socket is opened cheaply: it is bound and
+listening (the path exists, mode 0600, before the job starts, so a launcher can
+connect at once), but its gRPC server is started only when the first connection
+arrives; that connection waits in the listen backlog meanwhile. A job that never
+connects costs a bind and a close, not a server.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpclib
@@ -244,6 +251,26 @@ class AllocationAgentService(v1.NodeAgentServiceBase):
         raise _denied("CacheEvict is not served on an allocation socket")
 
 
+#: connections that may wait for an allocation's server to start
+_BACKLOG = 64
+
+
+@dataclass(eq=False)
+class _AllocSocket:
+    """One allocation's listening socket; its server once a launcher has connected."""
+
+    alloc_id: str
+    path: Path
+    sock: socket.socket
+    server: Server | None = None
+    starting: asyncio.Task[None] | None = None
+
+
+def _started(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("agent socket server did not start", exc_info=task.exception())
+
+
 def write_host_file(path: Path, nodes: list[str]) -> None:
     """Hydra's host file: one node per line (replaced atomically)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -272,7 +299,7 @@ class HydraSockets:
         self.channels = channels
         self.address_of = address_of
         self.allocation = allocation
-        self._servers: dict[str, tuple[Server, Path]] = {}
+        self._sockets: dict[str, _AllocSocket] = {}
         #: the node list last written to each allocation's host file
         self._nodes: dict[str, list[str]] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -282,10 +309,10 @@ class HydraSockets:
 
     async def sync(self, assigned: Mapping[str, Allocation]) -> None:
         """Open sockets for newly assigned allocations, close those of departed ones."""
-        for alloc_id in [a for a in self._servers if a not in assigned]:
+        for alloc_id in [a for a in self._sockets if a not in assigned]:
             self._close(alloc_id)
         for alloc_id, alloc in assigned.items():
-            if alloc_id in self._servers:
+            if alloc_id in self._sockets:
                 if self._nodes.get(alloc_id) != alloc.assigned_nodes:  # e.g. requeued
                     with contextlib.suppress(OSError):
                         self._host_file(alloc)
@@ -320,16 +347,31 @@ class HydraSockets:
             sock.bind(bind_path)
             os.chmod(bind_path, 0o600)  # before listen: nobody else can ever connect
             self._give_to_job(alloc, bind_path)
+            sock.listen(_BACKLOG)
+            sock.setblocking(False)
         except OSError:
             sock.close()
             raise
         finally:
             if fd is not None:
                 os.close(fd)
-        server = Server(
+        entry = _AllocSocket(alloc.id, path, sock)
+        self._sockets[alloc.id] = entry
+        # the server comes with the first connection (see the module docstring)
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._first_connection, entry)
+        log.debug("agent socket for allocation %s at %s", alloc.id, path)
+
+    def _first_connection(self, entry: _AllocSocket) -> None:
+        """A launcher connected: start the allocation's server on the listening socket
+        (it accepts the waiting connection)."""
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(entry.sock.fileno())
+        if entry.server is not None or self._sockets.get(entry.alloc_id) is not entry:
+            return
+        entry.server = Server(
             [
                 AllocationAgentService(
-                    alloc.id,
+                    entry.alloc_id,
                     self.node_id,
                     launches=self.launches,
                     channels=self.channels,
@@ -338,26 +380,47 @@ class HydraSockets:
                 )
             ]
         )
-        await server.start(sock=sock)
-        self._servers[alloc.id] = (server, path)
-        log.info("agent socket for allocation %s at %s", alloc.id, path)
+        entry.starting = loop.create_task(
+            entry.server.start(sock=entry.sock), name=f"agent-socket-{entry.alloc_id}"
+        )
+        entry.starting.add_done_callback(_started)
+        log.info("agent socket of allocation %s in use: serving it", entry.alloc_id)
+
+    def serving(self, alloc_id: str) -> bool:
+        """Whether the allocation's socket has a server (a launcher has connected)."""
+        entry = self._sockets.get(alloc_id)
+        return entry is not None and entry.server is not None
 
     def _host_file(self, alloc: Allocation) -> None:
         write_host_file(self.work_dir / alloc.id / HYDRA_HOST_FILE, list(alloc.assigned_nodes))
         self._nodes[alloc.id] = list(alloc.assigned_nodes)
 
     def _close(self, alloc_id: str) -> None:
-        server, path = self._servers.pop(alloc_id)
+        entry = self._sockets.pop(alloc_id)
         self._nodes.pop(alloc_id, None)
-        server.close()  # cancels its calls: their launches are killed
-        path.unlink(missing_ok=True)
-        task = asyncio.get_running_loop().create_task(server.wait_closed())
+        entry.path.unlink(missing_ok=True)
+        loop = asyncio.get_running_loop()
+        if entry.server is None:  # never used: no server to stop
+            loop.remove_reader(entry.sock.fileno())
+            entry.sock.close()
+            return
+        server = entry.server
+        starting = entry.starting
+
+        async def closed() -> None:
+            if starting is not None and not starting.done():
+                with contextlib.suppress(Exception):
+                    await starting
+            server.close()  # cancels its calls: their launches are killed
+            await server.wait_closed()
+
+        task = loop.create_task(closed())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
         """Close every socket (agent shutdown)."""
-        for alloc_id in list(self._servers):
+        for alloc_id in list(self._sockets):
             self._close(alloc_id)
         if self._closing:
             await asyncio.wait(self._closing, timeout=5)

@@ -64,6 +64,7 @@ from lattice_common.types import Allocation
 from prometheus_client import Counter
 
 from lattice_agent.logtail import LogTail, decode_line, split_lines
+from lattice_agent.persist import dump_json, replace_file
 
 log = logging.getLogger("lattice.agent.logs")
 
@@ -455,10 +456,10 @@ class LogShipper:
             if sh.complete and not sh.unpublished:
                 return
             if sh.pool is None:
-                # before anything is written: which pool (raises while it cannot tell)
+                # before anything is written: which pool (raises while it cannot tell);
+                # saved with the first chunk or the end (a restart before either asks again)
                 self._bind(sh, await self.pools.pool_of(sh.alloc_id))
                 self._record(sh)
-                self._save()
             if sh.pool == POOL_LOCAL:
                 # kept on the node: nothing to ship; done once the allocation has ended
                 if sh.final:
@@ -583,21 +584,14 @@ class LogShipper:
             "written_at": self._clock(),
             "allocations": self._saved,
         }
-        payload = json.dumps(data, indent=1, sort_keys=True).encode()
-        path = self.state_path
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            # Atomic replace, no fsync (as the agent's state file, persist.py): the file
+            # exists to survive an agent restart, and the page cache outlives the process.
+            # After a machine crash a missing or older file is what _sync already handles:
+            # the published metadata is ahead and is continued from.
+            replace_file(self.state_path, dump_json(data))
         except OSError as e:
-            log.error("cannot write log shipper state %s: %s", path, e)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            log.error("cannot write log shipper state %s: %s", self.state_path, e)
 
 
 class _Unbound:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from lattice_agent.lifecycle import PHASE_EXITED, PHASE_RUNNING, Lifecycle, Status
 from lattice_agent.spawn import AllocPaths
 
@@ -27,13 +29,23 @@ __all__ = [
     "STATE_VERSION",
     "SavedAlloc",
     "StateFile",
+    "dump_json",
     "from_entry",
     "read_json",
+    "replace_file",
     "to_entry",
     "write_json_atomic",
 ]
 
 STATE_VERSION = 1
+
+
+def dump_json(data: Any) -> bytes:
+    """``data`` as indented JSON with sorted keys: the same bytes as
+    ``json.dumps(data, indent=1, sort_keys=True)``, about 20x cheaper. State files are
+    written several times per job, and ``json.dumps`` with ``indent`` falls back to its
+    pure-Python encoder, which made these writes a large share of an agent's CPU."""
+    return msgspec.json.format(msgspec.json.encode(data, order="sorted"), indent=1)
 
 
 @dataclass(frozen=True)
@@ -143,50 +155,49 @@ class StateFile:
             "written_at": self._clock(),
             "allocations": entries,
         }
-        payload = json.dumps(data, indent=1, sort_keys=True).encode()
-        path = self.path
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                os.fchmod(fd, 0o600)
-                view = memoryview(payload)
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
             # Atomic replace, no fsync: the file exists to survive an agent restart (the
             # page cache outlives the process); after a machine crash no workload is left
             # to reattach, and stale entries are recognised by pid start time.
-            os.replace(tmp, path)
+            replace_file(self.path, dump_json(data))
         except OSError as e:
-            log.error("cannot write state file %s: %s", path, e)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            log.error("cannot write state file %s: %s", self.path, e)
 
 
-def write_json_atomic(path: Path, data: Any) -> bool:
-    """``data`` as JSON in ``path``, replaced atomically with mode 0600 (the state
-    file's way); False (logged) when it cannot be written."""
+def replace_file(path: Path, payload: bytes) -> None:
+    """``path`` atomically replaced by ``payload`` (tmp + rename, mode 0600, no fsync);
+    the directory is made only when it is missing. Raises OSError (the tmp file gone)."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(tmp, flags, 0o600)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, flags, 0o600)
         try:
             os.fchmod(fd, 0o600)
-            view = memoryview(json.dumps(data, indent=1, sort_keys=True).encode())
+            view = memoryview(payload)
             while view:
                 view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
         os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> bool:
+    """``data`` as JSON in ``path``, replaced atomically with mode 0600 (the state
+    file's way); False (logged) when it cannot be written."""
+    try:
+        replace_file(path, dump_json(data))
         return True
     except OSError as e:
         log.error("cannot write %s: %s", path, e)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         return False
 
 

@@ -431,14 +431,11 @@ def _user_stage(run_as: RunAs, cwd: str, links: list[tuple[str, Path, Path]]) ->
     ]
 
 
-def _signals_to_reset() -> list[int]:
-    """Signals the agent ignores; an ignored disposition would survive exec into the workload."""
-    out = {signal.SIGPIPE, signal.SIGXFSZ}
-    for s in signal.valid_signals():
-        with contextlib.suppress(OSError, ValueError):
-            if signal.getsignal(s) == signal.SIG_IGN:
-                out.add(s)
-    return sorted(out)
+#: Every signal back to its default action in the wrapper. An ignored disposition of the
+#: agent's would survive exec into the workload; a caught one becomes the default at exec
+#: anyway, so resetting them all is the same as finding the ignored ones, without asking
+#: for each signal's disposition at every spawn. (SIGKILL and SIGSTOP cannot be changed.)
+_RESET_SIGNALS = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
 
 
 def _high_fd(fd: int) -> int:
@@ -619,7 +616,7 @@ def spawn(
             file_actions=file_actions,
             setsid=True,
             setsigmask=(),
-            setsigdef=_signals_to_reset(),
+            setsigdef=_RESET_SIGNALS,
         )
         if ready_w >= 0:
             os.close(ready_w)
