@@ -13,17 +13,15 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 from lattice_acceptance.steps import *  # noqa: F403 (shared step definitions)
-from lattice_acceptance.world import TIMEOUT, Job, assert_rejected
+from lattice_acceptance.world import TIMEOUT, Job, assert_rejected, fresh_world
 from lattice_acceptance.world import World as ClusterWorld
 from lattice_acceptance.world import show as _show
-from lattice_test_harness.cluster import ApiError, ClusterHandle
+from lattice_test_harness.cluster import ApiError
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -41,12 +39,7 @@ class World(ClusterWorld):
     api_error: ApiError | None = None
 
 
-@pytest.fixture
-def world(cluster_factory: Callable[..., ClusterHandle], tmp_path: Path) -> Iterator[World]:
-    w = World(make=cluster_factory, workdir=tmp_path / "work")
-    w.workdir.mkdir()
-    yield w
-    w.clean_up()
+world = fresh_world(World)  # a cluster of its own per scenario
 
 
 def _listed_ids(world: World) -> list[str]:

@@ -9,16 +9,13 @@ data dir (what `openssl pkey -in KEY -pubout` prints for a configured key).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 from lattice_acceptance.world import World as ClusterWorld
-from lattice_acceptance.world import show
+from lattice_acceptance.world import fresh_world, show
 from lattice_common import audit
-from lattice_test_harness.cluster import ClusterHandle
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -33,12 +30,7 @@ class World(ClusterWorld):
     quota_entry: int = 0  # seq of the quota change's entry (the one the scenario edits)
 
 
-@pytest.fixture
-def world(cluster_factory: Callable[..., ClusterHandle], tmp_path: Path) -> Iterator[World]:
-    w = World(make=cluster_factory, workdir=tmp_path / "work")
-    w.workdir.mkdir()
-    yield w
-    w.clean_up()
+world = fresh_world(World)  # a cluster of its own per scenario
 
 
 def _entries(world: World, *args: str) -> list[dict[str, Any]]:

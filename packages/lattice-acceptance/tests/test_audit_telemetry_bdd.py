@@ -12,14 +12,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from lattice_acceptance.world import TIMEOUT, World, show
+from lattice_acceptance.world import TIMEOUT, World, fresh_world, show
 from lattice_agent.telemetry.ebpf import probe
-from lattice_test_harness.cluster import ClusterHandle
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -29,12 +26,7 @@ scenarios("audit_telemetry.feature")
 ADMIN = "ops"
 
 
-@pytest.fixture
-def world(cluster_factory: Callable[..., ClusterHandle], tmp_path: Path) -> Iterator[World]:
-    w = World(make=cluster_factory, workdir=tmp_path / "work")
-    w.workdir.mkdir()
-    yield w
-    w.clean_up()
+world = fresh_world(World)  # a cluster of its own per scenario
 
 
 def _file_access(world: World, *args: str) -> list[dict[str, Any]]:

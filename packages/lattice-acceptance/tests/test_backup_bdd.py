@@ -8,13 +8,10 @@ path: the server sends the backup back and the CLI saves and verifies it here).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from lattice_acceptance.world import World, show
+from lattice_acceptance.world import World, shared_world, show
 from lattice_common import backup
-from lattice_test_harness.cluster import ClusterHandle
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -26,12 +23,7 @@ FILE = "cluster.lattice"
 COPY = "damaged.lattice"
 
 
-@pytest.fixture
-def world(lattice_cluster: ClusterHandle, tmp_path: Path) -> Iterator[World]:
-    w = World.on(lattice_cluster, tmp_path)
-    yield w
-    w.clean_up()
-    w.wait_idle()
+world = shared_world(World)  # the scenarios share the module's cluster
 
 
 @given(parsers.parse("a running Lattice cluster with {count:d} nodes and a completed job"))

@@ -9,14 +9,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from lattice_acceptance.world import Job, assert_hint_line, assert_rejected
+from lattice_acceptance.world import Job, assert_hint_line, assert_rejected, shared_world
 from lattice_acceptance.world import World as ClusterWorld
-from lattice_test_harness.cluster import ApiError, ClusterHandle
+from lattice_test_harness.cluster import ApiError
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -29,12 +27,7 @@ class World(ClusterWorld):
     api_error: ApiError | None = None
 
 
-@pytest.fixture
-def world(lattice_cluster: ClusterHandle, tmp_path: Path) -> Iterator[World]:
-    w = World.on(lattice_cluster, tmp_path)
-    yield w
-    w.clean_up()
-    w.wait_idle()
+world = shared_world(World)  # the scenarios share the module's cluster
 
 
 def _keep_if_accepted(world: World, stdout: str) -> None:

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from lattice_acceptance.world import World, show
-from lattice_test_harness.cluster import ClusterHandle
+from lattice_acceptance.world import World, shared_world, show
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -19,12 +16,7 @@ pytestmark = [pytest.mark.cluster]
 scenarios("diagnostics.feature")
 
 
-@pytest.fixture
-def world(lattice_cluster: ClusterHandle, tmp_path: Path) -> Iterator[World]:
-    w = World.on(lattice_cluster, tmp_path)
-    yield w
-    w.clean_up()
-    w.wait_idle()
+world = shared_world(World)  # the scenarios share the module's cluster
 
 
 @given(parsers.parse("a running Lattice cluster with {count:d} nodes"))

@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from lattice_acceptance.world import TIMEOUT, World, show
-from lattice_test_harness.cluster import ClusterHandle
+from lattice_acceptance.world import TIMEOUT, World, fresh_world, show
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -35,12 +32,7 @@ ADMIN = "admin"
 NO_TARGET_TENANT = "default"
 
 
-@pytest.fixture
-def world(cluster_factory: Callable[..., ClusterHandle], tmp_path: Path) -> Iterator[World]:
-    w = World(make=cluster_factory, workdir=tmp_path / "work")
-    w.workdir.mkdir()
-    yield w
-    w.clean_up()
+world = fresh_world(World)  # a cluster of its own per scenario
 
 
 def _tenants(world: World) -> dict[str, dict[str, str]]:

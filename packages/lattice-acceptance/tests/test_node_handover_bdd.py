@@ -10,13 +10,10 @@ from __future__ import annotations
 import json
 import threading
 import urllib.request
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from lattice_acceptance.world import TIMEOUT, World
-from lattice_test_harness.cluster import ClusterHandle
+from lattice_acceptance.world import TIMEOUT, World, fresh_world
 from pytest_bdd import given, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -24,12 +21,7 @@ pytestmark = [pytest.mark.cluster]
 scenarios("node_handover.feature")
 
 
-@pytest.fixture
-def world(cluster_factory: Callable[..., ClusterHandle], tmp_path: Path) -> Iterator[World]:
-    w = World(make=cluster_factory, workdir=tmp_path / "work")
-    w.workdir.mkdir()
-    yield w
-    w.clean_up()
+world = fresh_world(World)  # a cluster of its own per scenario
 
 
 def the_node(world: World) -> dict[str, Any]:

@@ -15,16 +15,13 @@ from __future__ import annotations
 import re
 import shlex
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from lattice_acceptance.steps import *  # noqa: F403 (shared step definitions)
-from lattice_acceptance.world import TIMEOUT, Job, assert_hint_line, log_lines
+from lattice_acceptance.world import TIMEOUT, Job, assert_hint_line, fresh_world, log_lines
 from lattice_acceptance.world import World as ClusterWorld
 from lattice_acceptance.world import show as _show
-from lattice_test_harness.cluster import ClusterHandle
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -47,12 +44,7 @@ class World(ClusterWorld):
     victim_seconds: int = 0  # how long each preemption victim runs on its own
 
 
-@pytest.fixture
-def world(cluster_factory: Callable[..., ClusterHandle], tmp_path: Path) -> Iterator[World]:
-    w = World(make=cluster_factory, workdir=tmp_path / "work")
-    w.workdir.mkdir()
-    yield w
-    w.clean_up()
+world = fresh_world(World)  # a cluster of its own per scenario
 
 
 # --------------------------------------------------------------------------- cluster

@@ -8,16 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from grpclib.client import Channel
-from lattice_acceptance.world import World
+from lattice_acceptance.world import World, shared_world
 from lattice_common.net import split_host_port
 from lattice_common.proto.lattice import v1
-from lattice_test_harness.cluster import ClusterHandle
 from pytest_bdd import given, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -28,12 +25,7 @@ ENV = {"OMP_NUM_THREADS": "8", "RUN_LABEL": "flat cost"}
 TAGS = {"team": "physics", "campaign": "2026-q4"}
 
 
-@pytest.fixture
-def world(lattice_cluster: ClusterHandle, tmp_path: Path) -> Iterator[World]:
-    w = World.on(lattice_cluster, tmp_path)
-    yield w
-    w.clean_up()
-    w.wait_idle()
+world = shared_world(World)  # the scenarios share the module's cluster
 
 
 @given("a running Lattice cluster with 2 nodes")

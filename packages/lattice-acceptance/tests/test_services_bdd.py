@@ -11,14 +11,11 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
-from lattice_acceptance.world import TIMEOUT, Job, show
+from lattice_acceptance.world import TIMEOUT, Job, shared_world, show
 from lattice_acceptance.world import World as ClusterWorld
-from lattice_test_harness.cluster import ClusterHandle
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -43,12 +40,7 @@ class World(ClusterWorld):
     requeues: dict[str, int] = field(default_factory=dict)  # service -> requeues seen
 
 
-@pytest.fixture
-def world(lattice_cluster: ClusterHandle, tmp_path: Path) -> Iterator[World]:
-    w = World.on(lattice_cluster, tmp_path)
-    yield w
-    w.clean_up()
-    w.wait_idle()
+world = shared_world(World)  # the scenarios share the module's cluster
 
 
 def _free_port() -> int:

@@ -11,15 +11,20 @@ import itertools
 import json
 import re
 import shlex
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-from lattice_acceptance.world import Job, assert_hint_line, assert_rejected, log_lines, show
+from lattice_acceptance.world import (
+    Job,
+    assert_hint_line,
+    assert_rejected,
+    log_lines,
+    shared_world,
+    show,
+)
 from lattice_acceptance.world import World as ClusterWorld
-from lattice_test_harness.cluster import TERMINAL, ClusterHandle
+from lattice_test_harness.cluster import TERMINAL
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -47,12 +52,7 @@ class World(ClusterWorld):
         return self.submitted
 
 
-@pytest.fixture
-def world(lattice_cluster: ClusterHandle, tmp_path: Path) -> Iterator[World]:
-    w = World.on(lattice_cluster, tmp_path)
-    yield w
-    w.clean_up()
-    w.wait_idle()
+world = shared_world(World)  # the scenarios share the module's cluster
 
 
 @given(parsers.parse("a running Lattice cluster with {count:d} nodes"))

@@ -9,14 +9,11 @@ the REST API is read to see where they run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from lattice_acceptance.world import Job
+from lattice_acceptance.world import Job, fresh_world
 from lattice_acceptance.world import World as ClusterWorld
-from lattice_test_harness.cluster import ClusterHandle
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -29,12 +26,7 @@ class World(ClusterWorld):
     borrower: Job | None = None  # the job that runs on a node of another vCluster
 
 
-@pytest.fixture
-def world(cluster_factory: Callable[..., ClusterHandle], tmp_path: Path) -> Iterator[World]:
-    w = World(make=cluster_factory, workdir=tmp_path / "work")
-    w.workdir.mkdir()
-    yield w
-    w.clean_up()
+world = fresh_world(World)  # a cluster of its own per scenario
 
 
 def _home_of(world: World, vcluster: str) -> str:

@@ -12,15 +12,19 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from lattice_acceptance.world import TIMEOUT, Job, assert_hint_line, assert_rejected, show
+from lattice_acceptance.world import (
+    TIMEOUT,
+    Job,
+    assert_hint_line,
+    assert_rejected,
+    shared_world,
+    show,
+)
 from lattice_acceptance.world import World as ClusterWorld
-from lattice_test_harness.cluster import ClusterHandle
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -36,12 +40,7 @@ class World(ClusterWorld):
     dag: tuple[str, int] | None = None  # (DAG id, allocations) that lattice dag submit printed
 
 
-@pytest.fixture
-def world(lattice_cluster: ClusterHandle, tmp_path: Path) -> Iterator[World]:
-    w = World.on(lattice_cluster, tmp_path)
-    yield w
-    w.clean_up()
-    w.wait_idle()
+world = shared_world(World)  # the scenarios share the module's cluster
 
 
 def _ids(world: World, text: str) -> str:

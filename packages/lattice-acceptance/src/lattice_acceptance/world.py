@@ -26,12 +26,13 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 from lattice_common.types import CostWeights
 from lattice_test_harness.cluster import TERMINAL, ApiError, ClusterHandle
 
@@ -319,3 +320,33 @@ def show(r: subprocess.CompletedProcess[str]) -> str:
     return (
         f"$ {shlex.join(r.args)}\nexit {r.returncode}\n--- stdout\n{r.stdout}--- stderr\n{r.stderr}"
     )
+
+
+def shared_world(cls: type[World] = World) -> Any:
+    """The ``world`` fixture of a step module whose scenarios share its module-scoped
+    ``lattice_cluster``: ``world = shared_world(World)``. After each scenario whatever
+    still runs is released and cancelled and the nodes are left idle."""
+
+    @pytest.fixture
+    def world(lattice_cluster: ClusterHandle, tmp_path: Path) -> Iterator[World]:
+        w = cls.on(lattice_cluster, tmp_path)
+        yield w
+        w.clean_up()
+        w.wait_idle()
+
+    return world
+
+
+def fresh_world(cls: type[World] = World) -> Any:
+    """The ``world`` fixture of a step module whose scenarios each start their own
+    cluster (``World.start_cluster`` through ``cluster_factory``): ``world =
+    fresh_world(World)``."""
+
+    @pytest.fixture
+    def world(cluster_factory: Callable[..., ClusterHandle], tmp_path: Path) -> Iterator[World]:
+        w = cls(make=cluster_factory, workdir=tmp_path / "work")
+        w.workdir.mkdir()
+        yield w
+        w.clean_up()
+
+    return world
