@@ -347,8 +347,7 @@ async def _dump_probe(cluster: Any, args: Any, runs: int) -> dict[str, Any]:
     from lattice_common.rpc import Endpoints, RemoteQuorum
 
     leader = cluster.leader(LEADER_WAIT)
-    raft_dir = leader.dir / "raft"
-    dump, tmp = raft_dir / "raft.dump", raft_dir / "raft.dump.tmp"
+    dump = leader.dir / "raft" / "raft.dump"
     q = RemoteQuorum(Endpoints(leader.grpc_address))
     samples: list[tuple[float, float]] = []  # (start, end) monotonic
     dumps: list[tuple[float, float]] = []
@@ -370,24 +369,34 @@ async def _dump_probe(cluster: Any, args: Any, runs: int) -> dict[str, Any]:
             samples.append((t0, time.monotonic()))
             await asyncio.sleep(0.01)
 
+    others = [m for m in cluster.members if m is not leader]
+    follower_dumps: list[tuple[float, float]] = []  # the other members' (they also fork)
+
     async def watcher() -> None:
-        start: float | None = None
-        mtime = dump.stat().st_mtime_ns if dump.exists() else 0
+        files = [(leader.dir / "raft", dumps)] + [(m.dir / "raft", follower_dumps) for m in others]
+        start: list[float | None] = [None] * len(files)
+        mtime = [
+            (d / "raft.dump").stat().st_mtime_ns if (d / "raft.dump").exists() else 0
+            for d, _ in files
+        ]
         deadline = time.monotonic() + runs * args.dump_interval * 2 + 60
         while len(dumps) < runs and time.monotonic() < deadline:
             now = time.monotonic()
-            if start is None and tmp.exists():
-                start = now
-            m = dump.stat().st_mtime_ns if dump.exists() else 0
-            if m != mtime:
-                mtime = m
-                if start is not None:  # one we saw begin
-                    dumps.append((start, now))
-                    log(f"full dump {len(dumps)}/{runs}: {now - start:.2f}s")
-                start = None
+            for i, (d, seen) in enumerate(files):
+                if start[i] is None and (d / "raft.dump.tmp").exists():
+                    start[i] = now
+                m = (d / "raft.dump").stat().st_mtime_ns if (d / "raft.dump").exists() else 0
+                if m != mtime[i]:
+                    mtime[i] = m
+                    if start[i] is not None:  # one we saw begin
+                        seen.append((start[i], now))
+                        if i == 0:
+                            log(f"full dump {len(dumps)}/{runs}: {now - start[i]:.2f}s")
+                    start[i] = None
             await asyncio.sleep(0.005)
         stop.set()
 
+    gc_before = _full_collections(leader)
     task = asyncio.create_task(proposer())
     await watcher()
     await task
@@ -398,11 +407,23 @@ async def _dump_probe(cluster: Any, args: Any, runs: int) -> dict[str, Any]:
         inside = [(e - s, s - d0) for s, e in samples if e >= d0 and s <= d1]
         stalls.append(max(x for x, _ in inside) if inside else None)
         worst.append([[r(1000 * x), r(at, 2)] for x, at in sorted(inside, reverse=True)[:5]])
+    every = dumps + follower_dumps
     outside = [
-        e - s for s, e in samples if not any(e >= d0 - 0.5 and s <= d1 + 0.5 for d0, d1 in dumps)
+        e - s for s, e in samples if not any(e >= d0 - 0.5 and s <= d1 + 0.5 for d0, d1 in every)
     ]
+    in_follower = [
+        e - s for s, e in samples if any(e >= d0 and s <= d1 for d0, d1 in follower_dumps)
+    ]
+    gc_after = _full_collections(leader)
+    during = {le: n - gc_before.get(le, 0) for le, n in gc_after.items()}
     return {
         **_gc_figures(cluster, leader),
+        # the leader's full collections while the probe ran, and the longest one's bucket
+        "leader_full_collections_in_probe": int(during.get(float("inf"), 0)),
+        "leader_longest_full_in_probe_le_s": min(
+            (le for le, n in during.items() if n >= during.get(float("inf"), 0) and n > 0),
+            default=None,
+        ),
         "leader_changed_during_probe": cluster.leader(LEADER_WAIT) is not leader,
         "dump_s": r(median(d1 - d0 for d0, d1 in dumps), 3) if dumps else None,
         "max_commit_stall_ms": r(1000 * max(x for x in stalls if x is not None))
@@ -412,8 +433,22 @@ async def _dump_probe(cluster: Any, args: Any, runs: int) -> dict[str, Any]:
         "dumps_seen": len(dumps),
         "dump_bytes": dump.stat().st_size if dump.exists() else None,
         "commit_max_outside_dump_ms": r(1000 * max(outside)) if outside else None,
+        # while another member wrote its dump (members stagger theirs)
+        "commit_max_in_follower_dump_ms": r(1000 * max(in_follower)) if in_follower else None,
+        "follower_dumps_seen": len(follower_dumps),
         "commits_probed": len(samples),
     }
+
+
+def _full_collections(member: Any) -> dict[float, float]:
+    """The member's cumulative histogram of full collections: {le: count}."""
+    out: dict[float, float] = {}
+    with contextlib.suppress(OSError, urllib.error.URLError):
+        for k, v in metrics(member.rest_url + "/metrics").items():
+            mm = re.match(r'lattice_gc_pause_seconds_bucket\{generation="2",le="([^"]+)"\}', k)
+            if mm:
+                out[float(mm.group(1))] = v
+    return out
 
 
 def _gc_figures(cluster: Any, leader: Any) -> dict[str, Any]:

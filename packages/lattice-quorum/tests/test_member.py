@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import socket
 import time
@@ -230,3 +231,43 @@ def test_bootstrap_of_member_2_is_an_error(tmp_path: Path) -> None:
     assert "only valid for member 1" in ei.value.message
     assert ei.value.hint
     assert not (tmp_path / MARKER).exists()
+
+
+async def test_members_started_together_take_turns_writing_their_full_dumps(
+    tmp_path: Path,
+) -> None:
+    addrs = {i: f"127.0.0.1:{free_port()}" for i in (1, 2, 3)}
+    interval = 3.0
+    members = [
+        QuorumMember(
+            node_id=i,
+            bind=addrs[i],
+            peers={j: a for j, a in addrs.items() if j != i},
+            data_dir=tmp_path / f"m{i}",
+            bootstrap=i == 1,
+            log_compaction_min_time=interval,
+        )
+        for i in (1, 2, 3)
+    ]
+    loop = asyncio.get_running_loop()
+    first: dict[int, float] = {}
+    try:
+        for m in members:
+            m.attach_loop(loop)
+        await eventually(lambda: any(m.is_leader for m in members), what="a leader")
+        leader = next(m for m in members if m.is_leader)
+        await seed(leader)
+        deadline = time.monotonic() + 4 * interval
+        while len(first) < 3 and time.monotonic() < deadline:
+            await leader.propose(submit_cmd(len(first)))  # something new to dump
+            for m in members:
+                if m.node_id not in first and (m.data_dir / "raft.dump").exists():
+                    first[m.node_id] = time.monotonic()
+            await asyncio.sleep(0.05)
+    finally:
+        for m in members:
+            m.close()
+    assert len(first) == 3, first
+    times = sorted(first.values())
+    # a third of the interval apart (1 s), less the time a dump and a tick take
+    assert min(b - a for a, b in itertools.pairwise(times)) > interval / 3 - 0.5

@@ -166,8 +166,11 @@ class QuorumConfig(_Section):
     peers: list[PeerConfig] = Field(default_factory=list, description="the other members")
     append_entries_period: float = Field(default=0.01, gt=0, description="seconds")
     auto_tick_period: float = Field(default=0.002, gt=0, description="seconds")
-    raft_min_timeout: float = Field(default=0.15, gt=0, description="election timeout, seconds")
-    raft_max_timeout: float = Field(default=0.35, gt=0, description="election timeout, seconds")
+    # the specification's Raft heartbeat timeout (500 ms): a follower that hears nothing
+    # from its leader for a random 0.5-1.0 s starts an election. Shorter timeouts
+    # deposed healthy leaders whenever a busy machine held a member's threads that long
+    raft_min_timeout: float = Field(default=0.5, gt=0, description="election timeout, seconds")
+    raft_max_timeout: float = Field(default=1.0, gt=0, description="election timeout, seconds")
     commit_timeout_seconds: float = Field(
         default=5.0, gt=0, description="how long a proposal waits to commit before Unavailable"
     )

@@ -96,8 +96,8 @@ class QuorumMember:
         bootstrap: bool = False,
         append_entries_period: float = 0.01,
         auto_tick_period: float = 0.002,
-        raft_min_timeout: float = 0.15,
-        raft_max_timeout: float = 0.35,
+        raft_min_timeout: float = 0.5,
+        raft_max_timeout: float = 1.0,
         commit_timeout: float = 5.0,
         log_compaction_min_entries: int = 20000,
         log_compaction_min_time: float = 300.0,
@@ -147,6 +147,14 @@ class QuorumMember:
         )
         self.encrypted = raft_password is not None
         self.syncobj = SafeSyncObj(bind, list(self.peers.values()), conf=conf, consumers=[self.sm])
+        # Members started together (a quorum on one host, a cluster brought up at once)
+        # would all write their full dump at the same moment, each forking and pickling
+        # the whole state on the same cores: with three 10,000-node members on one
+        # 2-core machine, commits then waited up to 0.2 s instead of 0.07 s. Member k of
+        # n starts its compaction clock (k-1)/n of the interval early, so they take turns.
+        members = len(self.peers) + 1
+        stagger = ((node_id - 1) % members) / members * log_compaction_min_time
+        self.syncobj._SyncObj__lastSerializedTime -= stagger  # type: ignore[attr-defined]
         # pysyncobj reads the password once, in SyncObj.__init__, to derive its Fernet
         # key; drop the clear text so it does not linger on the conf object.
         conf.password = None
