@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from lattice_quorum.raft import SafeSyncObj
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from test_raft_follower_commit import _addr
 
 
 class Probe:
@@ -38,12 +38,6 @@ class Counter(SyncObjConsumer):
     def add(self, n: int) -> int:
         self.value += n
         return self.value
-
-
-def _addr() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def _dump_with(cls: type[SyncObj], tmp_path: Path) -> tuple[int, int, bool, int]:
