@@ -345,3 +345,28 @@ def test_live_events_are_unique_and_reconcile_regenerates_the_last_run(records: 
     rec = reconcile_events([records[-1]], since=0.0, until=1e12)
     assert {e.event_id for e in rec} <= set(ids)  # the same ids: Waldur ignores repeats
     assert [e.type for e in rec] == [EventType.ALLOCATION_STARTED, EventType.ALLOCATION_COMPLETED]
+
+
+async def test_a_hand_over_in_one_entry_gives_the_end_before_the_next_start() -> None:
+    q = world()
+    first = submit(q, 900.0)
+    ok(q, c.AssignNodes(allocation_id=first, node_ids=["n0"], now=990.0))
+    nxt = submit(q, 950.0)
+    ok(q, c.SetNextAllocations(next={"n0": nxt}, now=991.0))
+
+    def end_first(q: LocalQuorum) -> None:
+        ok(
+            q,
+            c.UpdateAllocationState(
+                allocation_id=first, state=A.COMPLETED, exit_code=0, finished_at=1000.0, now=1000.2
+            ),
+        )
+
+    events = await stream(q, EventDeriver(), end_first)
+    done = [(e.type, e.allocation_id) for e in events]
+    # one entry ended the first and started the next on its node: in that order
+    assert done[-2:] == [
+        (EventType.ALLOCATION_COMPLETED, first),
+        (EventType.ALLOCATION_STARTED, nxt),
+    ]
+    assert events[-1].timestamp >= events[-2].timestamp

@@ -286,6 +286,7 @@ def _node() -> types.Node:
         claimed_by="alice",
         agent_identity="quorum-ca (serial 1A2B3C4D5E6F7081, expires 2026-11-28T22:08:05Z)",
         telemetry="ebpf, proc",
+        next_allocation="a-67890",
         claimed_at=1700000100.0,
         expected_conformance="cg-0001",
         conformance_drift=True,

@@ -347,6 +347,10 @@ class EventDeriver:
                 out += self._allocation(self.allocations.get(a.id), a, now)
                 self.allocations[a.id] = a
         self.revision = delta.revision if delta.snapshot else max(self.revision, delta.revision)
+        # one entry may hold several happenings (a node handed from the job that ended to
+        # the next one: lattice_quorum.handlers.handoff); a delta lists its records in no
+        # particular order, Waldur gets them in the order they happened
+        out.sort(key=lambda e: e.timestamp)
         return out
 
     def _track_claim(self, n: Node) -> None:
