@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import time
 from typing import Any
 
+import msgspec
+from lattice_common import commands as c
 from lattice_common.proto.lattice import v1
-from lattice_common.types import AllocationSpec, AllocationState
+from lattice_common.types import AllocationSpec, AllocationState, SchedulerType
 from lattice_quorum.state import GlobalState
 
 NODES = [f"fan-{i:02d}" for i in range(20)]
@@ -138,5 +141,44 @@ async def test_a_reconnecting_agent_is_not_sent_the_set_it_already_has(local_api
         got = await asyncio.wait_for(stale.__anext__(), 10)
         assert [x.id for x in got.allocations] == [b.id]
         await stale.aclose()
+    finally:
+        channel.close()
+
+
+async def test_a_change_to_the_node_alone_is_not_sent_and_the_claim_comes_with_the_work(
+    local_api: Any,
+) -> None:
+    """An agent acts on its allocations and on the node's sensitive claim only: queueing
+    the node's next allocation (a node-only change) sends it nothing, while sensitive
+    work arrives with the claim in the same message (no lookup per allocation)."""
+    local_api.add_tenant("t")
+    local_api.add_vcluster("batch")
+    local_api.add_vcluster("sens", scheduler_type=SchedulerType.SENSITIVE_RESERVATION)
+    for n in ("nc-1", "nc-2"):
+        local_api.add_node(n)
+    a = local_api.submit(_spec())
+    local_api.start(a.id, ["nc-1"])
+    waiting = local_api.submit(_spec())
+    channel = local_api.channel()
+    try:
+        stub = v1.NodeServiceStub(channel)
+        it, first = await _open(stub, "nc-1")
+        assert [x.id for x in first.allocations] == [a.id] and first.claimed_by == ""
+        nxt = asyncio.ensure_future(it.__anext__())
+        local_api.propose(c.SetNextAllocations(next={"nc-1": waiting.id}, now=time.time()))
+        node = local_api.quorum.read(lambda s: s.nodes["nc-1"])
+        assert node.next_allocation == waiting.id  # the node changed ...
+        await asyncio.sleep(0.3)
+        assert not nxt.done()  # ... and its agent was not told again
+        local_api.set_state(a.id, AllocationState.COMPLETED, exit_code=0)
+        handed = await asyncio.wait_for(nxt, 10)  # the hand-over: the next job, at once
+        assert [x.id for x in handed.allocations] == [waiting.id]
+        await it.aclose()
+
+        s = local_api.submit(msgspec.structs.replace(_spec(), vcluster="sens"))
+        local_api.start(s.id, ["nc-2"])
+        it2, got = await _open(stub, "nc-2")
+        assert [x.id for x in got.allocations] == [s.id] and got.claimed_by == "alice"
+        await it2.aclose()
     finally:
         channel.close()

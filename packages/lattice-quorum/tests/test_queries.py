@@ -61,13 +61,30 @@ def test_nodes_sorted_filtered_and_copied(state: GlobalState) -> None:
 
 
 def test_desired_for(state: GlobalState) -> None:
-    assert queries.desired_for(state, "n1") == (state.nodes["n1"].revision, [])
-    assert queries.desired_for(state, "nx") == (state.revision, [])
+    assert queries.desired_for(state, "n1") == (state.nodes["n1"].revision, [], "")
+    assert queries.desired_for(state, "nx") == (state.revision, [], "")
     aid = queries.allocations_matching(state)[0].id
     ok(state, c.AssignNodes(allocation_id=aid, node_ids=["n1"], now=20.0))
-    gen, allocs = queries.desired_for(state, "n1")
+    gen, allocs, claimed_by = queries.desired_for(state, "n1")
     assert [a.id for a in allocs] == [aid] and gen == state.allocations[aid].revision
-    assert allocs[0] is not state.allocations[aid]
+    assert allocs[0] is not state.allocations[aid] and claimed_by == ""
+    # the node's claim is read with the set; a claimed idle node says so too
+    state.nodes["n1"].claimed_by = "alice"
+    assert queries.desired_for(state, "n1").claimed_by == "alice"
+    state.nodes["n2"].claimed_by = "bob"
+    assert queries.desired_for(state, "n2") == (state.nodes["n2"].revision, [], "bob")
+
+
+def test_desired_content_ignores_changes_to_the_node_alone(state: GlobalState) -> None:
+    aid = queries.allocations_matching(state)[0].id
+    ok(state, c.AssignNodes(allocation_id=aid, node_ids=["n1"], now=20.0))
+    before = queries.desired_for(state, "n1")
+    state.nodes["n1"].next_allocation = "another"  # as SetNextAllocations does
+    state.nodes["n1"].revision = state.revision = state.revision + 1
+    after = queries.desired_for(state, "n1")
+    assert after.generation > before.generation and after.content() == before.content()
+    state.allocations[aid].revision = state.revision = state.revision + 1  # the work changed
+    assert queries.desired_for(state, "n1").content() != before.content()
 
 
 def test_desired_generation_is_desired_fors_revision(state: GlobalState) -> None:

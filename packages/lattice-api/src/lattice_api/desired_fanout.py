@@ -17,6 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from lattice_common.watch import StateDelta, decode_delta
+from lattice_quorum.queries import DesiredSet
 from lattice_quorum.quorum import Quorum
 
 log = logging.getLogger("lattice.api.desired")
@@ -120,13 +121,14 @@ class DesiredFanout:
     async def watch(
         self,
         node_id: str,
-        read: Callable[[str], tuple[int, list]],
+        read: Callable[[str], DesiredSet],
         *,
         known_generation: int = 0,
         generation: Callable[[str], int] | None = None,
-    ) -> AsyncIterator[tuple[int, list]]:
-        """``read(node_id)`` -> (generation, allocations) now and after every change that
-        touches the node, skipping repeats of the same set.
+    ) -> AsyncIterator[DesiredSet]:
+        """``read(node_id)``, the node's desired set, now and after every change that
+        touches the node, skipping repeats of the same content (``DesiredSet.content``:
+        a change to the node alone, such as its next allocation, is not sent).
 
         ``known_generation``: the generation the agent already applied (a reconnecting
         stream, e.g. after a leader change). While the node's ``generation(node_id)``
@@ -137,7 +139,7 @@ class DesiredFanout:
         w = _Waiter(node_id)
         self._add(w)
         try:
-            last: tuple[int, tuple[str, ...]] | None = None
+            last: object = None
             skip = known_generation if known_generation > 0 and generation is not None else 0
             while True:
                 await w.event.wait()
@@ -149,11 +151,11 @@ class DesiredFanout:
                     if generation(node_id) == skip:
                         continue  # unchanged since the agent's copy: nothing to send
                     skip = 0
-                gen, allocs = read(node_id)
-                key = (gen, tuple(a.id + a.state for a in allocs))
+                desired = read(node_id)
+                key = desired.content()
                 if key != last:
                     last = key
-                    yield gen, allocs
+                    yield desired
         finally:
             with contextlib.suppress(Exception):
                 self._remove(w)

@@ -297,6 +297,9 @@ class Agent:
         self.attempts: dict[str, int] = {}
         self._checkpointing: set[str] = set()
         self.generation = 0
+        # allocation -> whether the node was claimed (sensitive) while it was assigned
+        # here, from the desired-state stream; the log pools ask the quorum otherwise
+        self._claimed_while: dict[str, bool] = {}
         # heartbeat sequence: +1 per heartbeat, starting from the wall clock in ms, so that
         # a restarted agent continues above its previous process. A registration resets
         # the sequence only on the member that served it; the leader refuses anything at
@@ -382,6 +385,9 @@ class Agent:
     async def _classify_sensitive(self, alloc_id: str) -> bool:
         """Whether an allocation here is sensitive (its logs go to the encrypted pool):
         sensitive work claims the nodes it is assigned, and the claim outlives it."""
+        known = self._claimed_while.get(alloc_id)
+        if known is not None:
+            return known
         node = await self._stub().get_node(v1.GetNodeRequest(id=self.node_id), timeout=10)
         return bool(node.claimed_by)
 
@@ -532,7 +538,9 @@ class Agent:
                 ):
                     backoff.reset()
                     await self.apply_desired(
-                        ds.generation, [from_message(a, Allocation) for a in ds.allocations]
+                        ds.generation,
+                        [from_message(a, Allocation) for a in ds.allocations],
+                        claimed_by=ds.claimed_by,
                     )
             except asyncio.CancelledError:
                 raise
@@ -544,13 +552,18 @@ class Agent:
                 self.endpoints.release(channel)
             await asyncio.sleep(backoff.next())
 
-    async def apply_desired(self, generation: int, desired: list[Allocation]) -> None:
+    async def apply_desired(
+        self, generation: int, desired: list[Allocation], *, claimed_by: str | None = None
+    ) -> None:
+        """Act on the node's desired set. ``claimed_by``: the node's sensitive claim in
+        the same read (None from a member that does not send it)."""
         if generation < self.generation:
             # older than what we already acted on (e.g. a member that is behind):
             # never stop or restart work because of it
             log.info("ignoring desired state generation %s < %s", generation, self.generation)
             return
         self.generation = generation
+        self._note_claim(desired, claimed_by)
         # an allocation that leaves after Checkpointing was preempted: its terminals are
         # told so (they stay connected while it checkpoints)
         gone = set(self.assigned) - {a.id for a in desired}
@@ -589,6 +602,18 @@ class Agent:
                 if a.started_at:
                     STARTUP.labels(self.node_id).observe(max(0.0, time.time() - a.started_at))
         self._sync_probes()
+
+    def _note_claim(self, desired: list[Allocation], claimed_by: str | None) -> None:
+        """Remember whether each allocation here is sensitive: the claim is taken in the
+        same command that assigns sensitive work, and it outlives the allocation."""
+        held = {r.allocation_id for r in self.runtime.reports()}
+        for alloc_id in set(self._claimed_while) - held - {a.id for a in desired}:
+            del self._claimed_while[alloc_id]
+        if claimed_by is None:
+            return
+        for a in desired:
+            # once sensitive, always: a released claim never makes earlier output ordinary
+            self._claimed_while[a.id] = self._claimed_while.get(a.id, False) or bool(claimed_by)
 
     def _wipe_scratch_of(self, gone: set[str]) -> None:
         """Scratch that task launches or attach made for allocations that left this node;

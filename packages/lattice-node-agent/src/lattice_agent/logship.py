@@ -262,6 +262,7 @@ class LogShipper:
         self._saved: dict[str, dict[str, Any]] = self._load()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._preparing: set[asyncio.Task[None]] = set()  # _prepare's, while they run
         self._closed = False
 
     # ------------------------------------------------------------------ the runtime's hooks
@@ -288,6 +289,7 @@ class LogShipper:
         sh = self._add(alloc.id, logs, tail, streams, resumed=False, pool=pool)
         if sh.pool is None:
             self.pools.prefetch(alloc.id)
+        self._prepare(sh)
         self._save()
         log.debug("shipping the logs of %s (%s)", sh.alloc_id, logs.prefix)
 
@@ -365,10 +367,10 @@ class LogShipper:
             return
         self._closed = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
+        for t in [*self._preparing, *([task] if task is not None else [])]:
+            t.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await t
         if self._ships:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.flush(), timeout)
@@ -376,6 +378,30 @@ class LogShipper:
         await self.pools.close()
 
     # ------------------------------------------------------------------ internals
+
+    def _prepare(self, sh: _Shipment) -> None:
+        """While the job runs: its pool and the store's chunk numbers, so that its first
+        flush (for a short job: the final one, on the way to reporting its end) does
+        not wait for those round trips. A failure is left to that flush, which asks
+        again and reports it."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        task = loop.create_task(self._ready(sh), name=f"log-prepare-{sh.alloc_id}")
+        self._preparing.add(task)
+        task.add_done_callback(self._preparing.discard)
+
+    async def _ready(self, sh: _Shipment) -> None:
+        async with sh.lock:
+            try:
+                if sh.pool is None:
+                    self._bind(sh, await self.pools.pool_of(sh.alloc_id))
+                    self._record(sh)
+                if sh.pool != POOL_LOCAL and not sh.synced:
+                    await self._sync(sh)
+            except (LogStoreError, OSError, ValueError) as e:
+                log.debug("logs of %s: preparing the store failed (%s)", sh.alloc_id, e)
 
     def _add(
         self,

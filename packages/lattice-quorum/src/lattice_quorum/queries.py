@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 from lattice_common.audit import AuditEntry, AuditEvent
@@ -173,15 +173,33 @@ def each_node(s: GlobalState, fn: Callable[[Node], T]) -> list[T]:
     return [fn(n) for n in s.nodes.values()]
 
 
-def desired_for(s: GlobalState, node_id: str) -> tuple[int, list[Allocation]]:
-    """The allocations a node should be running now, and the revision they reflect."""
+class DesiredSet(NamedTuple):
+    """What a node should be doing, read in one consistent view."""
+
+    generation: int  # the revision the set reflects
+    allocations: list[Allocation]  # what the node should run; anything else is stopped
+    # the node's sensitive claim (a user), "" when unclaimed: work on a claimed node is
+    # sensitive, and its agent needs no round trip per allocation to know
+    claimed_by: str
+
+    def content(self) -> tuple[tuple[tuple[str, str, int], ...], str]:
+        """What the agent acts on: a node-only change (its next allocation, a health
+        note) leaves it unchanged, and a set with the same content is not sent again."""
+        return tuple((a.id, a.state, a.revision) for a in self.allocations), self.claimed_by
+
+
+def desired_for(s: GlobalState, node_id: str) -> DesiredSet:
+    """The allocations a node should be running now, the revision they reflect and the
+    node's sensitive claim."""
     n = s.nodes.get(node_id)
-    if n is None or not n.owner:
-        return (n.revision if n else s.revision), []
+    if n is None:
+        return DesiredSet(s.revision, [], "")
+    if not n.owner:
+        return DesiredSet(n.revision, [], n.claimed_by)
     a = s.allocations.get(n.owner)
     if a is None or a.state not in HOLDING_STATES:
-        return n.revision, []
-    return max(n.revision, a.revision), [_copy(a)]
+        return DesiredSet(n.revision, [], n.claimed_by)
+    return DesiredSet(max(n.revision, a.revision), [_copy(a)], n.claimed_by)
 
 
 def desired_generation(s: GlobalState, node_id: str) -> int:
@@ -456,6 +474,7 @@ def user_usage(
 
 
 __all__ = [
+    "DesiredSet",
     "admit",
     "allocation",
     "allocations_matching",

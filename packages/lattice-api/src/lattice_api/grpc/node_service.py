@@ -203,13 +203,14 @@ class NodeService(v1.NodeServiceBase):
     async def watch_desired_state(
         self, message: v1.WatchDesiredStateRequest
     ) -> AsyncIterator[v1.DesiredState]:
-        async for gen, allocs in self.ops.desired_state(
+        async for desired in self.ops.desired_state(
             who(), message.node_id, message.known_generation
         ):
             yield v1.DesiredState(
                 node_id=message.node_id,
-                generation=gen,
-                allocations=[to_message(a, v1.Allocation) for a in allocs],
+                generation=desired.generation,
+                allocations=[to_message(a, v1.Allocation) for a in desired.allocations],
+                claimed_by=desired.claimed_by,
             )
 
     async def report_file_access(

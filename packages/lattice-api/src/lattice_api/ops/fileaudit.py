@@ -77,7 +77,7 @@ class FileAccessOps:
 
     def audited_allocations(self, node_id: str) -> list[str]:
         """The node's allocations the cluster audits: those of sensitive vClusters."""
-        _, allocs = self.quorum.read(queries.desired_for, node_id)
+        allocs = self.quorum.read(queries.desired_for, node_id).allocations
         if not allocs:
             return []
         vclusters = {v.name: v for v in self.quorum.read(queries.vclusters)}

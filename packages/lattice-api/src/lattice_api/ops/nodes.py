@@ -14,7 +14,7 @@ import msgspec
 from lattice_common import audit
 from lattice_common import commands as c
 from lattice_common.errors import LatticeError, NotFound, NotLeader, ValidationError
-from lattice_common.types import Allocation, AllocationReport, Node, NodeCapabilities, NodeState
+from lattice_common.types import AllocationReport, Node, NodeCapabilities, NodeState
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
 
@@ -253,8 +253,9 @@ class NodeOps:
             return None
         return self.api_addresses.get(self.quorum.leader_raft_address or "", "")
 
-    def desired_for(self, node_id: str) -> tuple[int, list[Allocation]]:
-        """The allocations a node should be running now, and the revision they reflect."""
+    def desired_for(self, node_id: str) -> queries.DesiredSet:
+        """The allocations a node should be running now, the revision they reflect and
+        the node's sensitive claim."""
         return self.quorum.read(queries.desired_for, node_id)
 
     def desired_generation(self, node_id: str) -> int:
@@ -263,19 +264,19 @@ class NodeOps:
 
     async def desired_state(
         self, who: Identity, node_id: str, known_generation: int = 0
-    ) -> AsyncIterator[tuple[int, list[Allocation]]]:
+    ) -> AsyncIterator[queries.DesiredSet]:
         """Level-triggered dispatch: the node's desired set now and after every change
         that touches the node. An agent that already has ``known_generation`` gets its
         set only once it changes (nothing at once when it is still current)."""
         self.bind_agent(who, node_id)
         # one quorum subscription serves every node's stream (desired_fanout)
-        async for gen, allocs in self.fanout.watch(
+        async for desired in self.fanout.watch(
             node_id,
             self.desired_for,
             known_generation=known_generation,
             generation=self.desired_generation,
         ):
-            yield gen, allocs
+            yield desired
 
 
 __all__ = ["MAX_HEARTBEAT_BATCH", "Beat", "NodeOps"]

@@ -2123,6 +2123,12 @@ class DesiredState(betterproto2.Message):
     everything the node should run; anything else is stopped
     """
 
+    claimed_by: "str | None" = betterproto2.field(4, betterproto2.TYPE_STRING, optional=True)
+    """
+    the node's sensitive claim (the user holding it) in the same read, "" = unclaimed:
+    work on a claimed node is sensitive; unset from a member that predates the field
+    """
+
 
 default_message_pool.register_message("lattice.v1", "DesiredState", DesiredState)
 
