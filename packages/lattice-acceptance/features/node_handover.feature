@@ -25,3 +25,12 @@ Feature: The next job in line takes a node the moment the job before it ends
     And the first waiting job is released
     Then the cancelled job never ran
     And the node is free
+
+  Scenario: Queueing a node's next job sends its agent nothing new
+    Given a Lattice cluster with 1 node running a job until released
+    And two jobs that run until released waiting behind it
+    When the running job is released
+    Then the first waiting job runs on the node
+    And the node shows the second waiting job as its next allocation
+    And the server has sent the node's agent four desired states: an idle node, the first job, the node idle again, the job that took it
+    And the server's metrics count the queued next job as a change that left the agent's work as it was

@@ -140,3 +140,28 @@ def node_free(world: World) -> None:
         "the node free", lambda: not the_node(world).get("owner"), timeout=TIMEOUT
     )
     assert not the_node(world).get("next_allocation")
+
+
+SENT = "lattice_api_desired_state_sent_total"
+
+
+@then(
+    "the server has sent the node's agent four desired states: an idle node, the first "
+    "job, the node idle again, the job that took it"
+)
+def four_sent(world: World) -> None:
+    # a fresh one-node cluster: every desired state the server sent went to this agent.
+    # The first waiting job was scheduled onto the freed node (nothing is queued on a
+    # full cluster before a hand-over); the next allocation queued since is not sent
+    world.observe(
+        "the desired states sent",
+        lambda: world.server_metric(SENT) == 4 or pytest.fail(f"{world.server_metric(SENT)} sent"),
+    )
+
+
+@then(
+    "the server's metrics count the queued next job as a change that left the agent's "
+    "work as it was"
+)
+def counted_unchanged(world: World) -> None:
+    assert world.server_metric("lattice_api_desired_state_unchanged_total") >= 1

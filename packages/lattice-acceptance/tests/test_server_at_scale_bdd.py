@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 from typing import Any
 
 import pytest
@@ -35,9 +34,7 @@ def running_cluster(world: World) -> None:
 
 @when("the operator reads the server's metrics", target_fixture="metrics_text")
 def read_metrics(world: World) -> str:
-    url = world.cluster.cluster.rest_url + "/metrics"
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        return resp.read().decode()
+    return world.server_metrics()
 
 
 @then(

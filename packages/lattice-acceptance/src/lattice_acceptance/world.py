@@ -26,6 +26,7 @@ import shlex
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,6 +258,19 @@ class World:
         if not self.order_file.exists():
             return []
         return self.order_file.read_text().split()
+
+    def server_metrics(self) -> str:
+        """The server's metrics as an operator scrapes them (``GET /metrics``)."""
+        with urllib.request.urlopen(self.cluster.cluster.rest_url + "/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def server_metric(self, name: str) -> float:
+        """The value of one unlabelled sample of the server's metrics (0 when absent)."""
+        for line in self.server_metrics().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name:
+                return float(value)
+        return 0.0
 
 
 def _shared_only(**kw: Any) -> ClusterHandle:

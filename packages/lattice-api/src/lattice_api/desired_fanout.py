@@ -19,8 +19,19 @@ from collections.abc import AsyncIterator, Callable
 from lattice_common.watch import StateDelta, decode_delta
 from lattice_quorum.queries import DesiredSet
 from lattice_quorum.quorum import Quorum
+from prometheus_client import Counter
 
 log = logging.getLogger("lattice.api.desired")
+
+SENT = Counter(
+    "lattice_api_desired_state_sent_total",
+    "Desired sets sent to node agents (a start, an end, a change to their work)",
+)
+UNCHANGED = Counter(
+    "lattice_api_desired_state_unchanged_total",
+    "Looks at a node's desired set after a change touching the node that found the "
+    "agent's work as already sent (e.g. the node's next allocation queued): not sent",
+)
 
 
 def touched_nodes(d: StateDelta) -> set[str]:
@@ -153,9 +164,12 @@ class DesiredFanout:
                     skip = 0
                 desired = read(node_id)
                 key = desired.content()
-                if key != last:
-                    last = key
-                    yield desired
+                if key == last:
+                    UNCHANGED.inc()
+                    continue
+                last = key
+                SENT.inc()
+                yield desired
         finally:
             with contextlib.suppress(Exception):
                 self._remove(w)
