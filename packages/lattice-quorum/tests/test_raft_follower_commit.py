@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import time
 
+import pytest
 from lattice_quorum.raft import SafeSyncObj
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
@@ -207,5 +208,90 @@ def test_a_committed_tail_of_an_older_term_is_kept():
         msg["term"] = 3
         _deliver(member, msg)
         assert member._SyncObj__raftLog[-1][1] == last
+    finally:
+        member.destroy()
+
+
+def _applied(member: SyncObj, upto: int) -> None:
+    member._SyncObj__raftCommitIndex = upto
+    member._SyncObj__raftLastApplied = upto
+
+
+def _cut_applied(caplog: pytest.LogCaptureFixture) -> bool:
+    return any("truncating already-applied" in r.getMessage() for r in caplog.records)
+
+
+def test_a_resent_message_reaching_past_the_log_only_appends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A member that has just loaded a snapshot (or reconnected) is sent entries it has
+    already applied followed by new ones: the new ones are appended, nothing applied is
+    cut, and pysyncobj's critical "truncating already-applied" line stays silent."""
+    raw = _command_bytes(1)
+    member = _follower_at_term(SafeSyncObj, raw, count=6, term=3)
+    try:
+        last = member._SyncObj__raftLog[-1][1]
+        _applied(member, last)
+        _deliver(member, _resent(member, raw, upto=last + 2, term=3))
+        assert member._SyncObj__raftLog[-1][1] == last + 2
+        assert not _cut_applied(caplog)
+    finally:
+        member.destroy()
+
+
+def test_plain_pysyncobj_cuts_and_re_adds_them_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    raw = _command_bytes(1)
+    member = _follower_at_term(SyncObj, raw, count=6, term=3)
+    try:
+        last = member._SyncObj__raftLog[-1][1]
+        _applied(member, last)
+        _deliver(member, _resent(member, raw, upto=last + 2, term=3))
+        assert member._SyncObj__raftLog[-1][1] == last + 2
+        assert _cut_applied(caplog)
+    finally:
+        member.destroy()
+
+
+def test_an_uncommitted_tail_of_an_older_term_is_cut_above_the_commit_index_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Entries of an older term beyond the message may not be the leader's: those above
+    the commit index go; the committed (and applied) ones are every leader's and stay."""
+    raw = _command_bytes(1)
+    member = _follower_at_term(SafeSyncObj, raw, count=6, term=2)
+    try:
+        member._SyncObj__raftCurrentTerm = 3
+        first = member._SyncObj__raftLog[0][1]
+        _applied(member, first + 3)
+        msg = _resent(member, raw, upto=first + 2, term=2)
+        msg["term"] = 3
+        _deliver(member, msg)
+        assert member._SyncObj__raftLog[-1][1] == first + 3
+        assert not _cut_applied(caplog)
+    finally:
+        member.destroy()
+
+
+def test_a_conflicting_entry_still_replaces_the_rest_from_there() -> None:
+    raw, other = _command_bytes(1), _command_bytes(7)
+    member = _follower_at_term(SafeSyncObj, raw, count=6, term=2)
+    try:
+        member._SyncObj__raftCurrentTerm = 3
+        first = member._SyncObj__raftLog[0][1]
+        msg = {
+            "type": "append_entries",
+            "term": 3,
+            "commit_index": 0,
+            "prevLogIdx": first,
+            "prevLogTerm": member._SyncObj__raftLog[0][2],
+            # two entries the member holds, then one that conflicts with its third
+            "entries": [(raw, first + 1, 2), (raw, first + 2, 2), (other, first + 3, 3)],
+        }
+        _deliver(member, msg)
+        log = member._SyncObj__raftLog
+        assert log[-1][1] == first + 3 and log[-1][2] == 3
+        assert [e[2] for e in log[1:]] == [2, 2, 3]
     finally:
         member.destroy()

@@ -16,15 +16,19 @@
 2. **Never truncate entries that match.** Raft deletes a follower's entries only from
    the first one that conflicts with the leader's. pysyncobj deletes everything after
    ``prevLogIdx`` on every message, so a message re-sent from an older ``nextIndex``
-   (after a reconnect or a stale "reset" answer) cut entries the follower had already
-   acknowledged, even applied ones ("truncating already-applied log entries"); the leader,
-   whose match index never goes down, could count the follower for a commit it no
-   longer held. When every entry of such a message is already in the log at the same
-   term and the log's last entry is of the leader's current term, the message is
+   (after a reconnect, a stale "reset" answer, or to a member that has just loaded a
+   snapshot) cut entries the follower had already acknowledged, even applied ones
+   ("truncating already-applied log entries", logged as critical); the leader, whose
+   match index never goes down, could count the follower for a commit it no longer
+   held. Entries of the message that the log already holds at the same term are now
+   skipped, so the cut starts at the first conflict. A message with nothing new is
    answered as a heartbeat at the end of the log when that whole log is known to be the
    leader's: its last entry is of the leader's term (by Raft's log matching property
-   such an entry can only have come from that leader, and everything before it matches)
-   or the whole log is committed (every leader holds every committed entry).
+   such an entry can only have come from that leader, and everything before it
+   matches) or the whole log is committed (every leader holds every committed entry).
+   Otherwise only the uncommitted tail above the message is cut (it may not be the
+   leader's). The critical log line now means what it says: an applied entry
+   conflicted with the leader's.
 
 3. **The full dump yields the CPU.** pysyncobj writes its full dump (log compaction) in
    a forked child, so the member never waits for it, but the child pickles the whole
@@ -99,25 +103,47 @@ class SafeSyncObj(SyncObj):
                 self._SyncObj__raftLog.setRaftCommitIndex(applied)
 
     def _keep_matching_tail(self, message: dict[str, Any]) -> dict[str, Any]:
-        """``message`` as it should be handled: unchanged, or, when it would only cut a
-        tail that is already the leader's, a heartbeat at the end of the log."""
+        """``message`` as Raft would have it handled: entries the log already holds at
+        the same term are skipped, so pysyncobj (which deletes everything after the
+        message's ``prevLogIdx``) cuts the log only from the first entry that conflicts;
+        a message that brings nothing new becomes a heartbeat at the end of what is
+        known to be the leader's."""
         if "transmission" in message or message.get("term") != self._SyncObj__raftCurrentTerm:
             return message
         log = self._SyncObj__raftLog
+        first = log[0][1]
         last_idx, last_term = log[-1][1], log[-1][2]
         prev_idx = message["prevLogIdx"]
+        if prev_idx < first or prev_idx > last_idx:
+            return message  # the leader must go back (or on): pysyncobj answers that
+        if log[prev_idx - first][2] != message["prevLogTerm"]:
+            return message
         entries = message.get("entries") or []
-        end = entries[-1][1] if entries else prev_idx
-        if end >= last_idx:
-            return message  # nothing after the message to keep
-        if last_term != message["term"] and last_idx > self._SyncObj__raftCommitIndex:
-            return message  # an uncommitted tail of another term: maybe not the leader's
-        first = log[0][1]
-        if prev_idx < first or log[prev_idx - first][2] != message["prevLogTerm"]:
-            return message  # the leader must go back further: pysyncobj answers that
+        held = 0
         for _, idx, term in entries:
-            if log[idx - first][2] != term:
-                return message  # a conflict: truncating from there is right
+            if idx > last_idx or log[idx - first][2] != term:
+                break
+            held += 1
+        if held < len(entries):  # from here on new or conflicting: handled from there
+            if held == 0:
+                return message
+            _, idx, term = entries[held - 1]
+            return {**message, "prevLogIdx": idx, "prevLogTerm": term, "entries": entries[held:]}
+        end = entries[-1][1] if entries else prev_idx
+        if end < last_idx and last_term != message["term"]:
+            commit = self._SyncObj__raftCommitIndex
+            if last_idx > commit:
+                # an uncommitted tail of another term: maybe not the leader's, and cut;
+                # what is committed is the leader's (every leader holds it) and stays
+                keep = max(end, commit)
+                return {
+                    **message,
+                    "prevLogIdx": keep,
+                    "prevLogTerm": log[keep - first][2],
+                    "entries": [],
+                }
+        # everything here is the leader's: its last entry is of the leader's term (by
+        # log matching, so is all before it), or the whole log is committed
         return {**message, "prevLogIdx": last_idx, "prevLogTerm": last_term, "entries": []}
 
 
