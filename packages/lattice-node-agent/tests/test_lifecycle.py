@@ -233,7 +233,7 @@ def test_forget_only_after_the_end() -> None:
     rec = running()
     assert run(rec, lc.ForgetRequested()) == (rec, [])
     rec, _ = run(rec, lc.Exited(at=1.0), lc.Reaped(exit_file_code=0))
-    assert run(rec, lc.ForgetRequested()) == (None, [lc.Forget(), Persist()])
+    assert run(rec, lc.ForgetRequested()) == (None, [lc.Forget(), Persist(deferrable=True)])
     assert run(None, lc.ForgetRequested()) == (None, [])  # nothing known: nothing to do
 
 

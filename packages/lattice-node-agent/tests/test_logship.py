@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from lattice_agent import logtail
 from lattice_agent.logship import LogShipper, state_path_for
 from lattice_agent.logtail import LogTail, split_lines
+from lattice_agent.persist import PERSIST_LATER_SECONDS
 from lattice_agent.runtime import ProcessRuntime
 from lattice_common.logstore import AllocationLogs, FsLogStore, LogStoreError
 from lattice_common.types import Allocation, AllocationReport, AllocationSpec
@@ -306,6 +307,8 @@ async def test_runtime_flushes_before_it_reports_the_end(tmp_path: Path) -> None
         state = json.loads(state_path_for(tmp_path / "agent-state.json").read_text())
         assert state["allocations"]["r1"]["complete"] is True
         rt.forget("r1")
+        # the complete entry leaves with the next write, at most PERSIST_LATER_SECONDS on
+        await asyncio.sleep(PERSIST_LATER_SECONDS + 0.3)
         state = json.loads(state_path_for(tmp_path / "agent-state.json").read_text())
         assert state["allocations"] == {}
     finally:

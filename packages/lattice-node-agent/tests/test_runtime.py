@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from lattice_agent.persist import PERSIST_LATER_SECONDS
 from lattice_agent.runtime import LogRecord, ProcessRuntime, signal_exit_code
 from lattice_common.types import Allocation, AllocationReport, AllocationSpec
 
@@ -340,9 +341,30 @@ async def test_exited_allocations_persist_until_forgotten(env: Env) -> None:
     assert changes == []  # nothing changed
     b.forget("e1")
     assert b.reports() == []
-    saved = json.loads(env.state_file.read_text())
-    assert saved["allocations"] == []
+    # a removal is written with the next write, at most PERSIST_LATER_SECONDS later
+    assert saved_ids(env) == ["e1"]
+    await asyncio.sleep(PERSIST_LATER_SECONDS + 0.3)
+    assert saved_ids(env) == []
     assert lines(b.tail("e1")) == ["one"]  # files stay; tail reads them
+
+
+def saved_ids(env: Env) -> list[str]:
+    return [e["id"] for e in json.loads(env.state_file.read_text())["allocations"]]
+
+
+async def test_a_removal_goes_with_the_next_write_and_at_close(env: Env) -> None:
+    """A short job's end and the next job's start: the forgotten one leaves the state
+    file in the write that records the new one (one write less per job)."""
+    rt, _ = env.runtime()
+    await rt.start(make_alloc("f1", "true"), nodelist=["n1"])
+    await wait_exited(rt, "f1")
+    rt.forget("f1")
+    await rt.start(make_alloc("f2", "sleep 60", walltime=100), nodelist=["n1"])
+    assert saved_ids(env) == ["f2"]  # at once, not after the deferral
+    await rt.stop("f2", reason="cancelled")
+    rt.forget("f2")
+    await rt.close()  # a pending removal is written before the runtime goes
+    assert saved_ids(env) == []
 
 
 async def test_state_file_is_private_and_complete(env: Env) -> None:

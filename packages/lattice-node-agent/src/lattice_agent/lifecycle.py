@@ -201,7 +201,11 @@ class Reap(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Persist(msgspec.Struct, frozen=True):
-    """Write the state file (every record of the runtime)."""
+    """Write the state file (every record of the runtime). ``deferrable``: only a
+    removal, which may wait for the next write (a record left behind by a crash is of
+    an allocation that has ended: reported again, then forgotten again)."""
+
+    deferrable: bool = False
 
 
 class Report(msgspec.Struct, frozen=True, kw_only=True):
@@ -386,7 +390,7 @@ def _recovered(rec: Lifecycle, event: Recovered, grace: float) -> Step:
 def _forget_requested(rec: Lifecycle, event: ForgetRequested, grace: float) -> Step:
     if rec.status != Status.EXITED:
         return rec, []  # never drop an allocation whose processes may still run
-    return None, [Forget(), Persist()]
+    return None, [Forget(), Persist(deferrable=True)]
 
 
 _HANDLERS = {

@@ -164,6 +164,10 @@ class StateFile:
             log.error("cannot write state file %s: %s", self.path, e)
 
 
+#: a state-file write that may wait (a removal) is done with the next write, or after this
+PERSIST_LATER_SECONDS = 1.0
+
+
 def replace_file(path: Path, payload: bytes) -> None:
     """``path`` atomically replaced by ``payload`` (tmp + rename, mode 0600, no fsync);
     the directory is made only when it is missing. Raises OSError (the tmp file gone)."""
