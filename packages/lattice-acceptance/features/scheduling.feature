@@ -61,6 +61,14 @@ Feature: Scheduling engine
     And lattice nodes shows nobody in "Claimed by" for the node
     And "bob-next" runs on the released node and ends Completed
 
+  Scenario: A sensitive job's output never reaches the cluster's shared log store
+    Given a Lattice cluster with 2 nodes and a "sensitive" vCluster
+    When alice submits a job to the sensitive vCluster with lattice submit
+    And bob submits a job "bob-plain"
+    Then alice's job ends Completed at preemption class 10
+    And "bob-plain" ends Completed
+    And the cluster's log store holds the output of "bob-plain" and nothing of alice's job
+
   Scenario: Releasing a node that nobody claimed is refused with a hint
     Given a Lattice cluster with 1 node
     When I release the node with lattice node release

@@ -358,6 +358,23 @@ def alice_next_job(world: World) -> None:
     assert world.cluster.node(world.node)["claimed_by"] == "alice"
 
 
+@then(
+    parsers.parse(
+        "the cluster's log store holds the output of \"{name}\" and nothing of alice's job"
+    )
+)
+def log_store_without_sensitive_output(world: World, name: str) -> None:
+    # the node's claim came with alice's job in its desired state: her output stays on
+    # the node (no sensitive pool configured here), bob's went to the ordinary store
+    assert world.current is not None
+    store = world.cluster.cluster.base / "log-store"
+    keys = [str(p.relative_to(store)) for p in store.rglob("*") if p.is_file()]
+    assert any(world.jobs[name].id in k for k in keys), keys
+    assert not any(world.current.id in k for k in keys), keys
+    r = world.cli("logs", world.jobs[name].id)
+    assert f"finished {name}" in log_lines(r), _show(r)
+
+
 @when("alice releases her node with lattice node release")
 def alice_releases(world: World) -> None:
     world.cli("node", "release", world.node, user="alice")
