@@ -3,11 +3,13 @@ what an operator's dashboard and the quota / Raft-disk alert rules read."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from lattice_api.cluster_metrics import ClusterCollector
-from lattice_common.types import AllocationState
+from lattice_common import commands as c
+from lattice_common.types import AllocationState, NodeState
 from lattice_test_harness.builders import spec
 from prometheus_client import CollectorRegistry
 
@@ -51,3 +53,14 @@ async def test_running_work_and_quotas_show_per_state_and_tenant(local_api: Any,
     assert after[("lattice_quota_used_nodes", (("tenant", "physics"),))] == 0
     assert after[("lattice_allocations_active", (("state", "Running"),))] == 0
     assert ("lattice_raft_disk_total_bytes", ()) not in after  # no data dir: no disk series
+
+
+async def test_nodes_by_state_are_counted_when_scraped(local_api: Any) -> None:
+    api = local_api
+    for i in range(3):
+        api.add_node(f"s{i}")
+    api.propose(c.SetNodeHealth(node_id="s2", state=NodeState.DOWN, reason="test", now=time.time()))
+    got = scrape(api, None)
+    assert got[("lattice_nodes_total", (("state", "Ready"),))] == 2
+    assert got[("lattice_nodes_total", (("state", "Down"),))] == 1
+    assert got[("lattice_nodes_total", (("state", "Draining"),))] == 0  # every state a series

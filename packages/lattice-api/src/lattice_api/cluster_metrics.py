@@ -5,6 +5,8 @@ itself:
 
 * ``lattice_allocations_active{state}`` — allocations holding nodes (Staging, Running,
   Checkpointing), from the quorum's index of them;
+* ``lattice_nodes_total{state}`` — nodes known to the quorum, by state (a walk of the
+  nodes per scrape; it used to be every second, 3.5 ms under the apply lock at 10,000);
 * ``lattice_quota_used_nodes{tenant}`` / ``lattice_quota_max_nodes{tenant}`` — nodes held by
   each tenant's allocations against its hard quota (tenants without one: no max series);
 * ``lattice_raft_sensitive_audit_entries_total`` — entries in the replicated audit log;
@@ -13,8 +15,8 @@ itself:
 * ``lattice_raft_disk_used_bytes`` / ``lattice_raft_disk_total_bytes`` — the filesystem of
   ``quorum.data_dir``.
 
-Reading the state is one consistent read proportional to the allocations holding nodes
-and the tenants, not to the history.
+Reading the state is one consistent read proportional to the nodes, the allocations
+holding nodes and the tenants, not to the history.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from lattice_common.types import AllocationState
+from lattice_common.types import AllocationState, NodeState
+from lattice_quorum import queries
 from lattice_quorum.global_state import GlobalState
 from lattice_quorum.quorum import Quorum
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
@@ -51,7 +54,10 @@ def cluster_figures(s: GlobalState) -> dict[str, object]:
     quotas = {name: t.max_nodes for name, t in s.tenants.items() if t.max_nodes is not None}
     for name in s.tenants:
         used.setdefault(name, 0)
+    counts = queries.node_state_counts(s)
+    nodes = {st.value: counts.get(st, 0) for st in NodeState}
     return {
+        "nodes": nodes,
         "active": by_state,
         "used": used,
         "max": quotas,
@@ -68,6 +74,12 @@ class ClusterCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         f = self.quorum.read(cluster_figures)
+        nodes = GaugeMetricFamily(
+            "lattice_nodes_total", "Nodes known to the quorum", labels=["state"]
+        )
+        for state, n in sorted(f["nodes"].items()):  # type: ignore[union-attr]
+            nodes.add_metric([state], n)
+        yield nodes
         active = GaugeMetricFamily(
             "lattice_allocations_active", "Allocations holding nodes, by state", labels=["state"]
         )

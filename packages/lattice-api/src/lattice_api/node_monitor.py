@@ -43,13 +43,12 @@ from lattice_common.types import (
 )
 from lattice_quorum import queries
 from lattice_quorum.quorum import Quorum
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
 from lattice_api.ratelimit import HeartbeatLimiter
 
 log = logging.getLogger("lattice.api.nodes")
 
-NODES_TOTAL = Gauge("lattice_nodes_total", "Nodes known to the quorum", ["state"])
 HEARTBEAT_AGE = Histogram(
     "lattice_agent_heartbeat_interval_seconds",
     "Seconds between consecutive heartbeats seen by the leader",
@@ -446,7 +445,6 @@ class NodeMonitor:
         while True:
             await asyncio.sleep(self.check_interval)
             try:
-                self._update_gauges()
                 if self.quorum.is_leader:
                     await self.check()
             except asyncio.CancelledError:
@@ -489,11 +487,6 @@ class NodeMonitor:
                         now=time.time(),
                     )
                 )
-
-    def _update_gauges(self) -> None:
-        counts = self.quorum.read(queries.node_state_counts)
-        for st in NodeState:
-            NODES_TOTAL.labels(st.value).set(counts.get(st, 0))
 
 
 def _health_view(n: Node) -> tuple[str, NodeState, str]:
