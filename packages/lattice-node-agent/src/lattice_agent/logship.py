@@ -64,7 +64,7 @@ from lattice_common.types import Allocation
 from prometheus_client import Counter
 
 from lattice_agent.logtail import LogTail, decode_line, split_lines
-from lattice_agent.persist import PERSIST_LATER_SECONDS, dump_json, replace_file
+from lattice_agent.persist import WriteLater, dump_json, replace_file
 
 log = logging.getLogger("lattice.agent.logs")
 
@@ -263,7 +263,8 @@ class LogShipper:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._preparing: set[asyncio.Task[None]] = set()  # _prepare's, while they run
-        self._save_handle: asyncio.TimerHandle | None = None  # a deferred _save
+        # a removal (an ended allocation's complete entry) waits for the next save
+        self._save_later = WriteLater(self._save)
         self._closed = False
 
     # ------------------------------------------------------------------ the runtime's hooks
@@ -351,7 +352,7 @@ class LogShipper:
         saved = self._saved.get(alloc_id)
         if saved is not None and saved.get("complete"):
             del self._saved[alloc_id]
-            self._save_later()
+            self._save_later.soon()
 
     async def flush(self) -> None:
         """One round: every tracked allocation's new output (the loop's body)."""
@@ -604,22 +605,8 @@ class LogShipper:
             return {}
         return allocs
 
-    def _save_later(self) -> None:
-        """A removal: written with the next save, at most PERSIST_LATER_SECONDS from now
-        (an entry left behind by a crash is complete: forgotten again)."""
-        if self._save_handle is not None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._save()
-            return
-        self._save_handle = loop.call_later(PERSIST_LATER_SECONDS, self._save)
-
     def _save(self) -> None:
-        if self._save_handle is not None:
-            self._save_handle.cancel()
-            self._save_handle = None
+        self._save_later.done()
         data = {
             "version": STATE_VERSION,
             "node_id": self.node_id,

@@ -9,6 +9,7 @@ moved aside as ``.corrupt`` rather than silently overwritten.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -166,6 +167,34 @@ class StateFile:
 
 #: a state-file write that may wait (a removal) is done with the next write, or after this
 PERSIST_LATER_SECONDS = 1.0
+
+
+class WriteLater:
+    """A state-file write that may wait: ``soon()`` writes (``write()``) at most
+    PERSIST_LATER_SECONDS from now, once however often it is asked; the owner's own
+    write calls ``done()`` first, which makes the pending one unnecessary. Without a
+    running event loop it writes at once."""
+
+    __slots__ = ("_handle", "_write")
+
+    def __init__(self, write: Callable[[], None]) -> None:
+        self._write = write
+        self._handle: asyncio.TimerHandle | None = None
+
+    def soon(self) -> None:
+        if self._handle is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._write()
+            return
+        self._handle = loop.call_later(PERSIST_LATER_SECONDS, self._write)
+
+    def done(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 def replace_file(path: Path, payload: bytes) -> None:

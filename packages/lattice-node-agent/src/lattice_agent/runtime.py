@@ -53,7 +53,7 @@ from lattice_agent.logship import LogPools, LogShipper, state_path_for
 from lattice_agent.logtail import STREAMS, LogRecord, LogTail, check_stream, tail_files
 from lattice_agent.oci import OciError, OciStore
 from lattice_agent.oci import parse_ref as parse_image_ref
-from lattice_agent.persist import PERSIST_LATER_SECONDS, StateFile, from_entry, to_entry
+from lattice_agent.persist import StateFile, WriteLater, from_entry, to_entry
 from lattice_agent.procgroup import ProcessGroup, become_subreaper
 from lattice_agent.scratch import Scratch, ScratchError, default_root
 from lattice_agent.spawn import AllocPaths, check_alloc_id, read_exit_file, spawn
@@ -149,7 +149,8 @@ class ProcessRuntime:
         self._recovered = False
         self._reattached: list[str] = []
         self._closed = False
-        self._persist_handle: asyncio.TimerHandle | None = None  # a deferred write
+        # a removal waits for the next write (lc.Persist(deferrable=True))
+        self._persist_later = WriteLater(self._persist)
         if subreaper:
             become_subreaper()
 
@@ -384,7 +385,7 @@ class ProcessRuntime:
                     quiet = rec.grace_end - asyncio.get_running_loop().time()
                 rec.reap_task = self._spawn_task(self._reap(rec, quiet), f"finish-{rec.id}")
             case lc.Persist(deferrable=True):
-                self._persist_later()
+                self._persist_later.soon()
             case lc.Persist():
                 self._persist()
             case lc.Report():
@@ -623,23 +624,8 @@ class ProcessRuntime:
         if not task.cancelled() and task.exception() is not None:
             log.error("runtime task %s failed", task.get_name(), exc_info=task.exception())
 
-    def _persist_later(self) -> None:
-        """A write that may wait (a removal): at the next write, at most
-        PERSIST_LATER_SECONDS from now. A short job's end and the start of the next one
-        then cost one state-file write less (each a rename: file-system work)."""
-        if self._persist_handle is not None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._persist()
-            return
-        self._persist_handle = loop.call_later(PERSIST_LATER_SECONDS, self._persist)
-
     def _persist(self) -> None:
-        if self._persist_handle is not None:
-            self._persist_handle.cancel()
-            self._persist_handle = None
+        self._persist_later.done()
         if not self._recovered:
             return  # never overwrite a state file that has not been read yet
         saved = [rec.saved() for rec in self._allocs.values()]
