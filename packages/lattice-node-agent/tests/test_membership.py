@@ -56,9 +56,12 @@ def test_a_real_job_reads_the_file_on_sigusr2_and_others_are_left_alone(tmp_path
     job = (
         f'trap \'echo "$(tr "\\n" " " < {nodes_file})" >> {out}\' USR2; '
         f"echo ready >> {out}; "
-        # a child that does not handle SIGUSR2 (it would die of it)
+        # a child that does not handle SIGUSR2 (it would die of it); the shell waits
+        # for it (a trapped signal ends each wait) rather than forking a sleep every
+        # moment: a child caught between fork and exec still has the shell's handler
+        # and would be signalled too
         "sleep 300 & "
-        "while true; do sleep 0.2; done"
+        "while true; do wait; done"
     )
     p = subprocess.Popen(["/bin/sh", "-c", job], start_new_session=True)
     try:
