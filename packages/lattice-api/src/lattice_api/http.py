@@ -8,6 +8,7 @@ The metrics are defined here once; the gRPC interceptor records into the same on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -92,6 +93,13 @@ async def stream_ndjson(
             await resp.write(_json.encode(encode(item)) + b"\n")
     finally:
         ACTIVE_STREAMS.labels(kind).dec()
+        close = getattr(items, "aclose", None)
+        if close is not None:  # its upstream (an agent's stream, a watch) goes at once
+            with contextlib.suppress(Exception):
+                await close()
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        return resp  # the client left (a watch ended with Ctrl-C): nobody to end it for
     await resp.write_eof()
     return resp
 
