@@ -154,8 +154,13 @@ def test_lowering_max_nodes_keeps_running_work_but_blocks_new_assignments(h):
         s = h.wait_state(short["id"], ("Completed", "Failed", "Cancelled"), timeout=30)
         assert s["state"] == "Completed" and s["exit_code"] == 0
         # ... with a node free again, the new job still waits: usage 1 + 1 > limit 1
-        while h.get(long["id"])["state"] == "Running":
-            assert h.get(new["id"])["state"] == "Pending"
+        # (the new job is read first: the commit that ends the long one may hand its node
+        # to the new one at once, between two reads taken the other way round)
+        while True:
+            new_state = h.get(new["id"])["state"]
+            if h.get(long["id"])["state"] != "Running":
+                break
+            assert new_state == "Pending"
             time.sleep(0.1)
         lg = h.get(long["id"])
         assert lg["state"] == "Completed" and lg["exit_code"] == 0, lg
