@@ -85,6 +85,9 @@ class ClusterError(RuntimeError):
     pass
 
 
+_PROBLEM_MARKS = ('"level": "warning"', '"level": "error"', '"level": "critical"', "Traceback")
+
+
 # --- the TSDB (VictoriaMetrics) ----------------------------------------------------------
 TSDB_BINARY = "victoria-metrics"
 
@@ -366,6 +369,32 @@ class LocalCluster:
     def log_path(self, name: str) -> Path:
         return self.base / "logs" / f"{name}.log"
 
+    def diagnosis(self, per_log: int = 4) -> str:
+        """What an error that timed out should carry (CI keeps no log directory): the
+        log tails of the members and agents that have exited, then the last warnings
+        and errors of those still running."""
+        procs = [(f"member-{m.id}", m.proc) for m in self.members]
+        procs += [(f"agent-{a.node_id}", a.proc) for a in self.agents]
+        exited, problems = [], []
+        for name, proc in procs:
+            tail = self._log_tail(name)
+            if proc is not None and proc.poll() is not None:
+                exited.append(
+                    f"\n--- {name} exited with {proc.returncode}:\n" + "\n".join(tail[-15:])
+                )
+            elif proc is not None:
+                bad = [ln for ln in tail if any(k in ln for k in _PROBLEM_MARKS)][-per_log:]
+                problems += [f"\n  {name}: {ln[:400]}" for ln in bad]
+        return "".join(exited) + ("\nrecent warnings:" + "".join(problems) if problems else "")
+
+    def _log_tail(self, name: str, size: int = 65536) -> list[str]:
+        try:
+            with open(self.log_path(name), "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+                return f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return []
+
     def _spawn(self, name: str, module: str, args: list[str]) -> subprocess.Popen[bytes]:
         logf = open(self.log_path(name), "ab")  # noqa: SIM115 (kept open by the child)
         try:
@@ -401,7 +430,9 @@ class LocalCluster:
                 if h and h.get("is_leader"):
                     return m
             time.sleep(0.05)
-        raise ClusterError(f"no Raft leader within {timeout:.0f}s; see {self.base / 'logs'}")
+        raise ClusterError(
+            f"no Raft leader within {timeout:.0f}s; see {self.base / 'logs'}" + self.diagnosis()
+        )
 
     # --- schedulers and agents ----------------------------------------------------------
 
@@ -619,13 +650,16 @@ class LocalCluster:
 
     def wait_for_nodes(self, count: int, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
+        nodes: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
             nodes = (self._get(self.rest_url + "/api/v1/nodes", quiet=True) or {}).get("nodes", [])
             if sum(1 for n in nodes if n["state"] == "Ready") >= count:
                 return
             time.sleep(0.1)
+        seen = ", ".join(f"{n['id']} {n['state']}" for n in nodes) or "none"
         raise ClusterError(
-            f"{count} agents did not register within {timeout:.0f}s; see {self.base / 'logs'}"
+            f"{count} agents did not register within {timeout:.0f}s (nodes: {seen}); "
+            f"see {self.base / 'logs'}" + self.diagnosis()
         )
 
     def stop(self) -> None:

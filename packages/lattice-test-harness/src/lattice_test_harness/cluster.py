@@ -118,25 +118,8 @@ class ClusterHandle:
             time.sleep(interval)
         raise AssertionError(
             f"timed out after {timeout}s waiting for {what} (last: {last!r})"
-            + self.exited_processes()
+            + self.cluster.diagnosis()
         )
-
-    def exited_processes(self) -> str:
-        """The log tails of the cluster's members and agents that have exited (why a wait
-        timed out is often there, and the cluster's files are gone after the run)."""
-        c = self.cluster
-        procs = [(f"member-{m.id}", m.proc) for m in c.members]
-        procs += [(f"agent-{a.node_id}", a.proc) for a in c.agents]
-        out = []
-        for name, proc in procs:
-            if proc is None or proc.poll() is None:
-                continue
-            try:
-                tail = c.log_path(name).read_text(errors="replace").splitlines()[-15:]
-            except OSError:
-                tail = []
-            out.append(f"\n--- {name} exited with {proc.returncode}:\n" + "\n".join(tail))
-        return "".join(out)
 
     def wait_state(
         self, alloc_id: str, states: str | tuple[str, ...], timeout: float = 20.0

@@ -1,0 +1,45 @@
+"""A dev cluster's timeout errors say why: CI keeps no log directory, so the error itself
+carries the tails of processes that died and the last warnings of the others."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from lattice_cli.devcluster import ClusterError, LocalCluster
+
+
+def _line(level: str, msg: str) -> str:
+    return json.dumps({"level": level, "component": "lattice-server", "msg": msg}) + "\n"
+
+
+def test_a_timeout_names_the_dead_process_and_the_warnings_of_the_live_ones(
+    tmp_path: Path,
+) -> None:
+    c = LocalCluster(tmp_path, members=1, agents=1, tsdb=False, checkpoint_broker=False)
+    (c.base / "logs").mkdir(parents=True, exist_ok=True)
+    member, agent = c.members[0], c.agents[0]
+    c.log_path("member-1").write_text(
+        _line("info", "up")
+        + "".join(_line("warning", f"registration refused {i}") for i in range(6))
+        + _line("info", "still up")
+    )
+    c.log_path(f"agent-{agent.node_id}").write_text("Traceback (most recent call last):\nboom\n")
+    agent.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    agent.proc.wait()
+    member.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(ClusterError) as e:
+            c.wait_for_nodes(1, timeout=0.3)
+        text = str(e.value)
+        assert "1 agents did not register within 0s (nodes: none)" in text
+        assert f"--- agent-{agent.node_id} exited with 3:" in text and "boom" in text
+        # the last four warnings of the live member, not the info lines
+        assert "registration refused 5" in text and "registration refused 2" in text
+        assert "registration refused 1" not in text and "still up" not in text
+    finally:
+        member.proc.kill()
+        member.proc.wait()
