@@ -28,8 +28,10 @@ application's write time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -184,6 +186,11 @@ class Watch:
                 self.cond.wait(left)
 
     def close(self) -> None:
+        # Shut the socket down before closing the response: close() takes the buffer's
+        # lock, which the reader thread holds while it waits in recv for a line that
+        # may never come (after the last state change), and would wait for it for good.
+        with contextlib.suppress(OSError, AttributeError):
+            self._resp.fp.raw._sock.shutdown(socket.SHUT_RDWR)
         self._resp.close()
 
 

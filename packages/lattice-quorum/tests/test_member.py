@@ -271,3 +271,29 @@ async def test_members_started_together_take_turns_writing_their_full_dumps(
     times = sorted(first.values())
     # a third of the interval apart (1 s), less the time a dump and a tick take
     assert min(b - a for a, b in itertools.pairwise(times)) > interval / 3 - 0.5
+
+
+async def test_a_lone_leader_commits_without_waiting_for_its_next_tick(tmp_path: Path) -> None:
+    # ticks half a second apart: a commit that waited for the next tick would take that
+    # long, where one that wakes the leader's poll takes a few milliseconds
+    m = QuorumMember(
+        node_id=1,
+        bind=f"127.0.0.1:{free_port()}",
+        peers={},
+        data_dir=tmp_path,
+        bootstrap=True,
+        auto_tick_period=0.5,
+    )
+    try:
+        await started(m)
+        await seed(m)
+        took = []
+        for i in range(5):
+            t0 = time.perf_counter()
+            res = await m.propose(submit_cmd(i))
+            took.append(time.perf_counter() - t0)
+            assert res.error is None
+        assert max(took) < 0.25, took
+        assert m.read(lambda s: len(s.allocations)) == 5
+    finally:
+        m.close()
