@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from lattice_test_harness.cluster import ApiError
 from test_quorum_failover import wait_members_caught_up
 
 pytestmark = pytest.mark.cluster
@@ -18,11 +19,16 @@ STAGES = 12
 
 
 def _dag(h, dag_id: str) -> dict:
-    for m in h.cluster.members:  # whichever member answers (the old leader is dead)
+    # whichever member answers: the old leader is dead, and a member that has not yet
+    # heard from the new one answers 503 (not in sync with a leader)
+    for m in h.cluster.members:
         try:
             return h.request("GET", f"/api/v1/dags/{dag_id}", url=m.rest_url)
         except (OSError, urllib.error.URLError):
             continue
+        except ApiError as e:
+            if e.status != 503:
+                raise
     raise AssertionError("no member answers")
 
 

@@ -9,13 +9,13 @@ once the scenario creates its ``unhealthy`` file. It is submitted through the RE
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from dataclasses import dataclass, field
 
 import pytest
 from lattice_acceptance.world import TIMEOUT, Job, shared_world, show
 from lattice_acceptance.world import World as ClusterWorld
+from lattice_cli.devcluster import free_port as _free_port
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [pytest.mark.cluster]
@@ -41,12 +41,6 @@ class World(ClusterWorld):
 
 
 world = shared_world(World)  # the scenarios share the module's cluster
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _listed(world: World) -> dict[str, list[dict]]:  # type: ignore[type-arg]

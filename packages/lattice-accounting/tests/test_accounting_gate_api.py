@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -30,6 +29,7 @@ from lattice_accounting.gate import RESERVATION_TAG
 from lattice_accounting.prices import Price
 from lattice_accounting.service import AccountingService
 from lattice_api.settings import ApiSettings
+from lattice_cli.devcluster import free_port
 from lattice_common.watch import decode_delta
 from lattice_test_harness.local_api import serve_local_api
 
@@ -55,12 +55,6 @@ class LocalLink:
 
     async def propose(self, cmd: Any) -> Any:
         return await self.q.propose(cmd)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

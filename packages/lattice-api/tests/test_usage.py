@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from lattice_api.node_monitor import NodeMonitor
 from lattice_api.operations import Operations
 from lattice_api.ops.usage import UsageOps, parse_days, window_from_range
 from lattice_api.rest.app import build_rest_app
+from lattice_cli.devcluster import free_port
 from lattice_common import commands as c
 from lattice_common.agents import AgentChannels
 from lattice_common.errors import NotFound, PermissionDenied, ValidationError
@@ -41,12 +41,6 @@ DAY = 86400.0
 SECRET = "usage-test-secret-that-is-long-enough!"
 AGENT_TOKEN = "agent-token-usage-0123456789"
 ADMIN = Identity("root", Role.SYSTEM_ADMIN)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- validation

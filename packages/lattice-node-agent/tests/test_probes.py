@@ -5,7 +5,6 @@ timeouts, and the ProbeManager's choice of what to probe."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -18,6 +17,7 @@ from lattice_agent.probes import (
     probe_http,
     probe_tcp,
 )
+from lattice_cli.devcluster import free_port as _free_port
 from lattice_common.types import AllocationState, LivenessProbeSpec
 from lattice_test_harness.builders import allocation
 
@@ -59,12 +59,6 @@ async def health() -> AsyncIterator[Health]:
         yield h
     finally:
         await runner.cleanup()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _probe(kind: str, port: int, **kw: int | str) -> LivenessProbeSpec:

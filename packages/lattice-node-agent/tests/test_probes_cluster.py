@@ -8,7 +8,6 @@ second failure stays Failed with no entry left."""
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 import uuid
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lattice_cli.devcluster import free_port as _free_port
 from lattice_test_harness.cluster import ApiError, ClusterHandle
 from lattice_test_harness.plugin import make_cluster
 
@@ -38,12 +38,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]
     h = make_cluster(tmp_path_factory.mktemp("probes"), members=1, agents=2)
     yield h
     h.cluster.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _endpoints(cluster: ClusterHandle, name: str) -> list[dict]:  # type: ignore[type-arg]

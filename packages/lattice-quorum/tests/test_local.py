@@ -9,12 +9,12 @@ flags drive the same errors.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from lattice_cli.devcluster import free_port as _free_port
 from lattice_common import commands as c
 from lattice_common.errors import Unavailable
 from lattice_common.types import AllocationState
@@ -149,12 +149,6 @@ async def test_status_has_the_members_shape() -> None:
 
 
 # --------------------------------------------------------------------------- vs a member
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_same_watch_stream_as_a_real_member(tmp_path: Path) -> None:

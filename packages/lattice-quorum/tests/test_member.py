@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from lattice_cli.devcluster import free_port
 from lattice_common import commands as c
 from lattice_common.errors import ValidationError
 from lattice_common.types import AllocationState
@@ -27,12 +27,6 @@ from lattice_quorum.state import GlobalState
 from lattice_test_harness import builders as b
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_member(data_dir: Path, *, bootstrap: bool, node_id: int = 1) -> QuorumMember:

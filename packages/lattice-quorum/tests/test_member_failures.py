@@ -5,23 +5,17 @@ that never completes is Unavailable (HTTP 503), not an unhandled error."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 
 import pytest
+from lattice_cli.devcluster import free_port
 from lattice_common import commands as c
 from lattice_common.errors import Unavailable, ValidationError
 from lattice_quorum.member import QuorumMember
 from lattice_test_harness import builders as b
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_member(data_dir: Path, *, bootstrap: bool) -> QuorumMember:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lattice_cli.devcluster import free_port
 from lattice_common import commands as c
 from lattice_common.config import QuorumConfig, load_config
 from lattice_common.errors import LatticeError, ValidationError
@@ -37,12 +38,6 @@ pytestmark = pytest.mark.timeout(60)
 
 PASSWORD = "raft-pw-7f3c9a1e-do-not-log"
 FORGED_TERM = 10**6
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def eventually(pred: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:

@@ -6,10 +6,10 @@ used to make a deposed leader apply its own uncommitted entries is delivered exa
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
+from lattice_cli.devcluster import free_port
 from lattice_quorum.raft import SafeSyncObj
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
@@ -26,9 +26,7 @@ class Counter(SyncObjConsumer):
 
 
 def _addr() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 def _conf() -> SyncObjConf:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -37,10 +38,41 @@ if TYPE_CHECKING:
     from lattice_cli.devsecure import SecureSetup
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now for a process started later to listen on.
+
+    Not ``bind(0)``: that hands out ports of the kernel's ephemeral range, where any
+    outgoing connection on the machine may take the port before the process binds it,
+    and may return the same port to two calls in a row (a member's gRPC port was once
+    its peer's REST port). The port is drawn at random below the ephemeral range, from
+    a slice of its own per pytest-xdist worker, and never handed out twice by this
+    process."""
+    lo, hi = _ephemeral_range()
+    first, last = (20000, lo - 1) if lo - 20000 >= 2000 else (hi + 1, 65535)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if worker.startswith("gw") and worker[2:].isdigit() and workers > 1:
+        size = (last - first + 1) // workers
+        first += int(worker[2:]) % workers * size
+        last = first + size - 1
+    rng = random.SystemRandom()
+    for _ in range(500):
+        port = rng.randint(first, last)
+        if port not in _handed_out and port_free(port):
+            _handed_out.add(port)
+            return port
+    raise ClusterError(f"no free loopback port in {first}-{last}")
 
 
 def port_free(port: int) -> bool:

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import stat
 import subprocess
 import tempfile
@@ -28,6 +27,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from lattice_cli.devcluster import free_port as _free_port
 
 
 def bao_binary() -> str | None:
@@ -43,12 +44,6 @@ def bao_binary() -> str | None:
         with contextlib.suppress(OSError):
             os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class OpenBao:

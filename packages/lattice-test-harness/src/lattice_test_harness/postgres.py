@@ -19,11 +19,12 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from lattice_cli.devcluster import free_port as _free_port
 
 __all__ = ["PostgresServer", "available", "pg_bin_dir"]
 
@@ -48,12 +49,6 @@ def pg_bin_dir() -> Path | None:
 
 def available() -> bool:
     return pg_bin_dir() is not None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_as_user() -> pwd.struct_passwd | None:

@@ -92,12 +92,9 @@ class MotoS3Process:
     (free then), so a restart keeps ``endpoint``. ``with MotoS3Process() as s3:``."""
 
     def __init__(self, port: int = 0) -> None:
-        import socket
+        from lattice_cli.devcluster import free_port
 
-        if not port:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
+        port = port or free_port()
         self.port = port
         self.endpoint = f"http://127.0.0.1:{port}"
         self.proc: Any = None

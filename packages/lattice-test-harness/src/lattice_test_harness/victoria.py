@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lattice_cli.devcluster import TSDB_BINARY as BINARY
+from lattice_cli.devcluster import free_port as _free_port
 from lattice_cli.devcluster import tsdb_argv
 
 __all__ = ["BINARY", "VictoriaMetrics", "available"]
@@ -30,12 +30,6 @@ __all__ = ["BINARY", "VictoriaMetrics", "available"]
 
 def available() -> bool:
     return shutil.which(BINARY) is not None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VictoriaMetrics:

@@ -1,5 +1,7 @@
-"""A dev cluster's timeout errors say why: CI keeps no log directory, so the error itself
-carries the tails of processes that died and the last warnings of the others."""
+"""What keeps a dev cluster's start reliable and its failures explained: ports that no
+other process takes first, and timeout errors that carry why (CI keeps no log
+directory, so the error itself holds the tails of processes that died and the last
+warnings of the others)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from lattice_cli.devcluster import ClusterError, LocalCluster
+from lattice_cli import devcluster
+from lattice_cli.devcluster import ClusterError, LocalCluster, free_port, port_free
 
 
 def _line(level: str, msg: str) -> str:
@@ -43,3 +46,20 @@ def test_a_timeout_names_the_dead_process_and_the_warnings_of_the_live_ones(
     finally:
         member.proc.kill()
         member.proc.wait()
+
+
+def test_ports_are_never_handed_out_twice_nor_from_the_ephemeral_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lo, hi = devcluster._ephemeral_range()
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert all(not lo <= p <= hi for p in ports)
+    assert all(port_free(p) for p in ports[:20])
+    # two pytest-xdist workers draw from slices of their own
+    drawn = {}
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+        drawn[worker] = [free_port() for _ in range(100)]
+    assert max(drawn["gw0"]) < min(drawn["gw1"])
