@@ -55,14 +55,25 @@ EXPECTED = {
 @pytest.mark.cluster
 @pytest.mark.parametrize("script", sorted(EXPECTED))
 def test_benchmark_prints_its_json(script: str) -> None:
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, str(BENCH / script), "--quick"],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=240,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    last = proc.stdout.strip().splitlines()[-1]
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: the bench stops the cluster it started (SIGKILL would leave it)
+        proc.terminate()
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        pytest.fail(f"{script} --quick ran over 240 s; its last output:\n{stderr[-3000:]}")
+    assert proc.returncode == 0, stderr[-2000:]
+    last = stdout.strip().splitlines()[-1]
     result = json.loads(last)
     first = result[0] if isinstance(result, list) else result  # scheduler_cycle: one per size
     assert EXPECTED[script] <= set(first), result

@@ -156,6 +156,24 @@ def dev_cluster(
     from lattice_cli.devcluster import LocalCluster
 
     base = Path(tempfile.mkdtemp(prefix="lattice-bench-"))
+    owner = os.getpid()
+    stopping: list[int] = []  # [] while the cluster runs; a SIGTERM then is kept here
+
+    def terminated(signum: int, _frame: Any) -> None:
+        if os.getpid() != owner:  # a forked helper: SIGTERM as usual
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        elif stopping:
+            stopping.append(signum)  # honoured once every process is stopped
+        else:
+            raise SystemExit(128 + signum)
+
+    # SIGTERM (a time limit) unwinds like an exception, so the cluster is stopped: its
+    # processes run in sessions of their own and would otherwise outlive the bench
+    try:
+        previous: Any = signal.signal(signal.SIGTERM, terminated)
+    except ValueError:  # not the main thread: its owner handles signals
+        previous = None
     cluster = LocalCluster(
         base / "cluster", members=members, agents=agents, vclusters=vclusters, **kw
     )
@@ -169,11 +187,16 @@ def dev_cluster(
         _dump_logs(cluster)
         raise
     finally:
+        stopping.append(0)
         stop_cluster(cluster)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if keep:
             log(f"cluster files kept in {base}")
         else:
             shutil.rmtree(base, ignore_errors=True)
+        if stopping[1:]:
+            raise SystemExit(128 + stopping[1])
 
 
 def cluster_procs(cluster: Any) -> dict[str, subprocess.Popen[bytes]]:
