@@ -157,14 +157,16 @@ def dev_cluster(
 
     base = Path(tempfile.mkdtemp(prefix="lattice-bench-"))
     owner = os.getpid()
-    stopping: list[int] = []  # [] while the cluster runs; a SIGTERM then is kept here
+    stopping = False
+    deferred = 0  # a SIGTERM that came while stopping: honoured once everything is stopped
 
     def terminated(signum: int, _frame: Any) -> None:
+        nonlocal deferred
         if os.getpid() != owner:  # a forked helper: SIGTERM as usual
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
         elif stopping:
-            stopping.append(signum)  # honoured once every process is stopped
+            deferred = signum
         else:
             raise SystemExit(128 + signum)
 
@@ -187,7 +189,7 @@ def dev_cluster(
         _dump_logs(cluster)
         raise
     finally:
-        stopping.append(0)
+        stopping = True
         stop_cluster(cluster)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -195,8 +197,8 @@ def dev_cluster(
             log(f"cluster files kept in {base}")
         else:
             shutil.rmtree(base, ignore_errors=True)
-        if stopping[1:]:
-            raise SystemExit(128 + stopping[1])
+        if deferred:
+            raise SystemExit(128 + deferred)
 
 
 def cluster_procs(cluster: Any) -> dict[str, subprocess.Popen[bytes]]:

@@ -92,17 +92,19 @@ class SafeSyncObj(SyncObj):
         serializer.serialize = serialize_marked
 
     def _checkCommandsToApply(self) -> None:
+        if self._SyncObj__otherNodes:  # followers' answers end the poll
+            super()._checkCommandsToApply()
+            return
         appended_from = self._SyncObj__getCurrentLogIndex()
         super()._checkCommandsToApply()
         # (no notifier when pysyncobj batches its append_entries: it ticks without waiting)
         notifier = getattr(self, "_SyncObj__pipeNotifier", None)
         if (
             notifier is not None
-            and not self._SyncObj__otherNodes
             and self._SyncObj__raftState == _RAFT_STATE.LEADER
             and self._SyncObj__getCurrentLogIndex() > appended_from
         ):
-            notifier.notify()  # no follower's answer will end the poll
+            notifier.notify()  # nothing else will end the poll
 
     # pysyncobj registers ``self.__onMessageReceived`` with its transport; the name is
     # mangled to ``_SyncObj__onMessageReceived``, so defining it here overrides it.
