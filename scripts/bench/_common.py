@@ -64,8 +64,19 @@ def r(x: float | None, nd: int = 2) -> float | None:
 # --- arguments ------------------------------------------------------------------------
 
 
+class _BenchParser(argparse.ArgumentParser):
+    """Applies ``--work-dir`` as it parses, so that every benchmark honours it."""
+
+    def parse_args(self, *a: Any, **kw: Any) -> Any:  # type: ignore[override]
+        args = super().parse_args(*a, **kw)
+        if args.work_dir:
+            Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+            tempfile.tempdir = str(Path(args.work_dir).resolve())
+        return args
+
+
 def parser(description: str, *, default_runs: int = 5) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+    p = _BenchParser(description=description)
     p.add_argument("--runs", type=int, default=None, help=f"repetitions (default {default_runs})")
     p.add_argument("--quick", action="store_true", help="1-2 small runs (CI smoke test)")
     p.add_argument(
@@ -76,8 +87,39 @@ def parser(description: str, *, default_runs: int = 5) -> argparse.ArgumentParse
         "phase, write raw stacks to DIR and add a hot-function summary to the JSON",
     )
     p.add_argument("--keep", action="store_true", help="keep the cluster's temp dir (logs)")
+    p.add_argument(
+        "--work-dir",
+        metavar="DIR",
+        default=None,
+        help="where clusters (and a Slurm anchor) keep their files (default: the temp dir); "
+        "e.g. /dev/shm for nodes whose local disk is tmpfs, as diskless HPC nodes' is",
+    )
     p.set_defaults(_default_runs=default_runs)
     return p
+
+
+def work_dir() -> dict[str, str]:
+    """Where this run's clusters keep their files (``--work-dir``, else the temp dir) and
+    its file-system type, for the JSON: creating and removing a job's files is a large
+    part of an agent's work on some file systems."""
+    where = tempfile.gettempdir()
+    return {"path": where, "fs": fs_type(where)}
+
+
+def fs_type(path: str) -> str:
+    """The file-system type of the mount ``path`` is on (from /proc/mounts)."""
+    best, kind = "", "unknown"
+    real = os.path.realpath(path)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) < 3:
+                continue
+            mnt = fields[1].replace("\\040", " ")
+            inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
+            if inside and len(mnt) >= len(best):
+                best, kind = mnt, fields[2]
+    return kind
 
 
 def runs_of(args: argparse.Namespace, quick_runs: int = 1) -> int:
@@ -290,6 +332,25 @@ def cpu_seconds(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / _CLK
+
+
+def settle_processes(
+    pids: dict[str, int], *, quiet_cores: float = 0.15, window: float = 0.5, timeout: float = 30.0
+) -> tuple[bool, float]:
+    """Wait until the processes together use less than ``quiet_cores`` over ``window``
+    seconds: an agent compiles and loads its eBPF programs, a server warms its caches
+    after it says it is up, and a rate measured from the first submission would count
+    that work as the workload's. (quiet, seconds waited); not quiet after ``timeout``."""
+    t0 = time.perf_counter()
+    while True:
+        c0 = sum(cpu_seconds(p) or 0.0 for p in pids.values())
+        time.sleep(window)
+        used = sum(cpu_seconds(p) or 0.0 for p in pids.values()) - c0
+        waited = time.perf_counter() - t0
+        if used / window < quiet_cores:
+            return True, waited
+        if waited >= timeout:
+            return False, waited
 
 
 def machine_busy_jiffies() -> tuple[int, int]:

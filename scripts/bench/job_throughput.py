@@ -17,7 +17,12 @@ Running (scheduler: node freed in its stream, poke, cycle, AssignNodes commit). 
 runs per node at a time (nodes are exclusive), so the rate is at most agents / per-job
 turnaround; ``process_busy_share`` is the share of the time a job process exists.
 
-With 2 and with 8 agents (``--agents 2,8``, the default; ``--quick``: 2). Slurm anchor
+With 2 and with 8 agents (``--agents 2,8``, the default; ``--quick``: 2). Before the clock
+starts, one 2 s job per agent, until the agents have loaded their eBPF programs (a
+compile, once per agent start). ``--work-dir`` puts both sides' files on another file
+system (``work_dir`` in the JSON says which): an agent creates and removes some twenty
+files and directories per job, which costs far more on some (ext4 without a journal
+looks through recently deleted inodes at every create) than on tmpfs. Slurm anchor
 (``_slurm.py``; ``--no-slurm`` skips it, and it is skipped where slurm-wlm cannot be
 installed): Debian's tuned slurmctld with as many slurmd nodes as agents runs the same
 number of ``sbatch --wrap true`` jobs (``--concurrency`` concurrent sbatch loops) in the
@@ -26,6 +31,7 @@ same invocation, first submit until none is pending, running or completing;
 level for the first count.
 
     uv run python scripts/bench/job_throughput.py [--runs N] [--jobs N] [--agents 2,8] [--quick]
+        [--work-dir DIR]
 
 Goal: >= 100 jobs/s; >= 3x Slurm's end-to-end rate at 2 agents, scaling with agents until
 the machine's cores are the limit.
@@ -62,11 +68,19 @@ from _common import (
     r,
     rest_headers,
     runs_of,
+    settle_processes,
+    wait_until,
+    work_dir,
 )
 
 
 async def submit_and_wait(
-    cluster: Any, n_jobs: int, concurrency: int, tag: str, timeout: float
+    cluster: Any,
+    n_jobs: int,
+    concurrency: int,
+    tag: str,
+    timeout: float,
+    entrypoint: str = "true",
 ) -> dict[str, Any]:
     import aiohttp
     from lattice_common.rpc import Endpoints, RemoteQuorum
@@ -92,7 +106,7 @@ async def submit_and_wait(
 
     watcher = asyncio.create_task(watch())
     await asyncio.wait_for(synced.wait(), 30)
-    body = job_body(cluster, "true", name=tag)
+    body = job_body(cluster, entrypoint, name=tag)
     url = cluster.rest_url + "/api/v1/allocations"
     next_i = 0
     submitted: list[str] = []
@@ -226,15 +240,41 @@ def agent_events(cluster: Any) -> dict[str, dict[str, float]]:
     return out
 
 
+def warm_up(cluster: Any, agents: int, tag: str, timeout: float) -> None:
+    """One 2 s job per agent before the clock starts, then until every agent has loaded
+    its eBPF programs (where that telemetry source is on): an agent compiles them (about
+    a second of a core) at its first collection (every second) that finds an allocation
+    running, once per start, and the rate measured is the steady one."""
+    asyncio.run(submit_and_wait(cluster, agents, agents, f"{tag}-warmup", timeout, "sleep 2"))
+
+    def ebpf_settled() -> bool:
+        for a in cluster.agents:
+            text = cluster.log_path(f"agent-{a.node_id}").read_text(errors="replace")
+            sources = re.search(r"telemetry: sources ([^\"]*?), \d+ s windows", text)
+            if sources is None:
+                return False  # telemetry not started yet
+            if "ebpf" in sources.group(1) and "eBPF programs" not in text:
+                return False  # neither "loaded in" nor "failed to load" yet
+        return True
+
+    wait_until("agents' eBPF programs loaded", ebpf_settled, timeout=60.0, interval=0.2)
+
+
 def run_agents(args: Any, agents: int, n_jobs: int, n_runs: int) -> list[dict[str, Any]]:
     results = []
     for i in range(n_runs):
         last = i == n_runs - 1
         tag = f"bench-jobs-{uuid.uuid4().hex[:8]}"
         with dev_cluster(
-            members=1, agents=agents, cycle_interval=args.cycle_interval, keep=args.keep
+            members=1,
+            agents=agents,
+            cycle_interval=args.cycle_interval,
+            keep=args.keep,
         ) as cluster:
             pids = {n: p.pid for n, p in cluster_procs(cluster).items()}
+            warm_up(cluster, agents, tag, args.timeout)
+            quiet, waited = settle_processes(pids)
+            log(f"warm-up: {agents} jobs; cluster {'quiet' if quiet else 'busy'} {waited:.1f}s")
             with (
                 CpuMeter(pids) as meter,
                 PySpy(args.profile if (last and args.profile) else None, pids) as spy,
@@ -324,8 +364,9 @@ def main() -> None:
             )
         },
         "cluster": {"members": 1, "agents": counts, "cycle_interval_s": args.cycle_interval},
+        "work_dir": work_dir(),
         "method": f"{args.concurrency} concurrent REST submitters; completion seen on WatchState; "
-        "fresh cluster per run; Slurm: same job count, as many slurmd as agents, "
+        "fresh cluster per run, one 2 s job per agent before the clock starts; Slurm: same job count, as many slurmd as agents, "
         f"{args.concurrency} concurrent sbatch loops, measured first in the same invocation",
         "goal_jobs_per_s": 100,
         "goal_ratio_to_slurm": 3,

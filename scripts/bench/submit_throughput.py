@@ -66,6 +66,7 @@ from _common import (
     r,
     rest_headers,
     runs_of,
+    work_dir,
 )
 
 TASK_GROUP_MAX = 10_000
@@ -423,6 +424,7 @@ def main() -> None:
             for x in v["results"]
         ],
         "cpu_last_run": last["cpu"],
+        "work_dir": work_dir(),
         "slurm": {k: v for k, v in slurm.items() if k != "config"},
     }
     if last.get("error_samples"):

@@ -123,9 +123,8 @@ class ChaosCluster(LocalCluster):
 
 def start_chaos_cluster(base: Path, *, agents: int = 3, **kw: Any) -> ClusterHandle:
     """A 3-member chaos cluster with the test harness's fast timings, frequent Raft
-    snapshots (so that a raft.dump exists to corrupt) and its own log store."""
+    snapshots (so that a raft.dump exists to corrupt)."""
     env = {
-        "LATTICE_STORAGE__LOG_STORE_DIR": str(Path(base).resolve() / "log-store"),
         "LATTICE_QUORUM__LOG_COMPACTION_MIN_ENTRIES": "200",
         "LATTICE_QUORUM__LOG_COMPACTION_MIN_TIME": "15",
         **kw.pop("env", {}),

@@ -194,6 +194,11 @@ class LocalCluster:
         self.agent_args = tuple(agent_args)  # extra lattice-agent flags (they win)
         self.env = {**os.environ, **(env or {})}
         self.env.setdefault("PYTHONUNBUFFERED", "1")
+        # allocation output flushed into this cluster's own log store (not the default
+        # /var/lib/lattice/log-store, which every cluster of the machine would share and
+        # nothing would clean), unless the environment names a log store
+        if not any(k.upper().startswith("LATTICE_STORAGE__LOG_STORE") for k in self.env):
+            self.env["LATTICE_STORAGE__LOG_STORE_DIR"] = str(self.base / "log-store")
         # checkpoints: one directory of this cluster, shared by its agents (a job resumes
         # on any node), unless the environment names one
         self.env.setdefault("LATTICE_CHECKPOINT__CHECKPOINT_ROOT", str(self.base / "checkpoints"))

@@ -3,7 +3,7 @@
 A restarted agent is no longer the parent of the processes it started, so identity and intent
 are written down after every change: pid, pgid, the kernel start time of the pid (against pid
 reuse), ``started_at``, the walltime, the log paths, a termination in progress and the exit
-once known. The file is replaced atomically (tmp + rename, mode 0600); an unreadable one is
+once known. The file is replaced atomically (:func:`replace_file`, mode 0600); an unreadable one is
 moved aside as ``.corrupt`` rather than silently overwritten.
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import errno
 import json
 import logging
 import os
@@ -198,29 +200,66 @@ class WriteLater:
 
 
 def replace_file(path: Path, payload: bytes) -> None:
-    """``path`` atomically replaced by ``payload`` (tmp + rename, mode 0600, no fsync);
-    the directory is made only when it is missing. Raises OSError (the tmp file gone)."""
+    """``path`` atomically replaced by ``payload`` (mode 0600, no fsync); the directory is
+    made only when it is missing. Raises OSError.
+
+    The bytes are written into ``.<name>.swap`` beside it, which is then exchanged with
+    ``path`` (``renameat2(RENAME_EXCHANGE)``): the swap file keeps the previous version
+    and is overwritten in place next time. The state files are rewritten several times
+    per job, and a rename over an existing file frees an inode every time (and on ext4
+    starts writing the new one back; ext4 without a journal also searches the recently
+    freed inodes at every create): ten times the cost of the exchange. A plain rename
+    where there is nothing to exchange with yet, or where the file system cannot."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    swap = path.with_name(f".{path.name}.swap")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
     try:
-        try:
-            fd = os.open(tmp, flags, 0o600)
-        except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, flags, 0o600)
+        fd = os.open(swap, flags, 0o600)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(swap, flags, 0o600)
+    try:
         try:
             os.fchmod(fd, 0o600)
             view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
+            done = 0
+            while done < len(view):
+                done += os.pwrite(fd, view[done:], done)
+            # not truncated first: a file cut to zero and rewritten is flushed at close
+            os.ftruncate(fd, len(view))
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        if not _exchange(swap, path):
+            os.replace(swap, path)
     except OSError:
         with contextlib.suppress(OSError):
-            tmp.unlink()
+            swap.unlink()
         raise
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2: Any = None  # libc's, looked up once; False where there is none
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically; False when ``b`` does not exist or the kernel, the file
+    system or the C library cannot (the caller renames instead)."""
+    global _renameat2
+    if _renameat2 is None:
+        try:
+            _renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+        except (AttributeError, OSError):
+            _renameat2 = False
+    if _renameat2 is False:
+        return False
+    rc = _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOENT, errno.EINVAL, errno.ENOSYS, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def write_json_atomic(path: Path, data: Any) -> bool:

@@ -12,7 +12,6 @@ serve the real REST and gRPC servers over a LocalQuorum (lattice_test_harness.lo
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,14 +36,7 @@ FAST = {
 
 
 def make_cluster(base: Path, **kw: Any) -> ClusterHandle:
-    opts = {**FAST, **kw}
-    # the cluster's own file-system log store (not /var/lib/lattice/log-store, shared by
-    # every cluster of the machine), unless the test configures one
-    env = dict(opts.get("env") or {})
-    if not any(k.upper().startswith("LATTICE_STORAGE__LOG_STORE") for k in (*env, *os.environ)):
-        env["LATTICE_STORAGE__LOG_STORE_DIR"] = str(Path(base).resolve() / "log-store")
-    opts["env"] = env
-    c = LocalCluster(base, **opts)
+    c = LocalCluster(base, **{**FAST, **kw})
     try:
         c.start()
     except Exception:

@@ -74,9 +74,6 @@ def up(
         raise typer.BadParameter("--cycle-interval must be greater than zero")
     if fresh and data_dir.exists():
         shutil.rmtree(data_dir)
-    # allocation logs flushed into <data dir>/log-store unless the environment says where
-    logstore = {"LATTICE_STORAGE__LOG_STORE_DIR": str(data_dir.resolve() / "log-store")}
-    configured = any(k.upper().startswith("LATTICE_STORAGE__LOG_STORE") for k in os.environ)
     cluster = LocalCluster(
         data_dir,
         members=quorum,
@@ -84,7 +81,6 @@ def up(
         cycle_interval=cycle_interval,
         preferred_ports=True,
         secure=secure,
-        env=None if configured else logstore,
         accounting=accounting
         or os.environ.get("LATTICE_ACCOUNTING__ENABLED", "").lower() in ("1", "true", "yes"),
     )
