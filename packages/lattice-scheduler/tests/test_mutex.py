@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from lattice_common.types import AllocationState, Dependency
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lattice_common.types import Allocation, AllocationState, Dependency
+from lattice_common.watch import StateMirror
 from lattice_scheduler import reasons
-from lattice_scheduler.placement import limit_mutexes, mutex_keys
+from lattice_scheduler.decide import queue
+from lattice_scheduler.placement import limit_mutexes, limit_task_groups, mutex_keys
 from lattice_test_harness import builders as b
 
 
@@ -43,3 +47,42 @@ def test_mutexes_are_per_user_and_per_name() -> None:
     free, held = limit_mutexes(others, [running])
     assert len(free) == 3 and held == []
     assert mutex_keys(running) == ("alice/sweep",)
+
+
+_kinds = st.sampled_from(["plain", "plain", "mutex", "group", "after"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pending=st.lists(st.tuples(_kinds, st.integers(0, 3), st.integers(0, 5)), max_size=12),
+    running=st.lists(st.tuples(_kinds, st.integers(0, 3)), max_size=4),
+)
+def test_the_cycles_queue_is_both_limits_applied_in_full(
+    pending: list[tuple[str, int, int]], running: list[tuple[str, int]]
+) -> None:
+    """queue() skips a limit that nothing in the queue asks for (most queues ask for
+    neither); what it returns is what applying both in full returns, order included."""
+
+    def make(kind: str, n: int, at: float, state: AllocationState) -> Allocation:
+        a = b.allocation(vcluster="v", name=f"j{n}", submitted_at=at, state=state)
+        if kind == "mutex":
+            a.spec.depends_on = [Dependency(f"m{n}", "singleton")]
+        elif kind == "after":  # a dependency that is no mutex
+            a.spec.depends_on = [Dependency(f"x{n}", "afterok")]
+        elif kind == "group":
+            a.task_group_id, a.task_group_concurrency, a.task_index = f"g{n % 2}", 1, n
+        return a
+
+    queued = [make(k, n, float(at), AllocationState.PENDING) for k, n, at in pending]
+    holding = [make(k, n, 0.0, AllocationState.RUNNING) for k, n in running]
+    m = StateMirror()
+    m.allocations = {a.id: a for a in [*queued, *holding]}
+    m.pending = {a.id: None for a in queued}
+    m.holding = {a.id: None for a in holding}
+    free, _, held = queue(m, "v", ())
+    full, limited = limit_task_groups(queued, holding)
+    full, waiting = limit_mutexes(full, holding)
+    assert [a.id for a in free] == [a.id for a in full]
+    assert sorted(held, key=lambda p: p.allocation_id) == sorted(
+        [*limited, *waiting], key=lambda p: p.allocation_id
+    )

@@ -155,7 +155,10 @@ def queue(
     if not pending:
         return [], holding, []
     pending = [starting_size(a) for a in pending]
-    pending, limited = limit_task_groups(pending, holding)
+    limited: list[Pending] = []
+    if any(a.task_group_concurrency and a.task_group_id for a in pending):
+        # (its order does not matter: limit_mutexes orders by submission, ids unique)
+        pending, limited = limit_task_groups(pending, holding)
     pending, waiting = limit_mutexes(pending, holding)
     return pending, holding, [*limited, *waiting]
 

@@ -185,10 +185,13 @@ def limit_mutexes(
 ) -> tuple[list[Allocation], list[Pending]]:
     """At most one allocation per singleton mutex runs: one that waits while another
     holds its mutex, or behind an earlier submission of the same mutex this cycle."""
+    order = sorted(pending, key=lambda a: (a.submitted_at, a.id))
+    if not any(a.spec.depends_on for a in order):  # no mutex asked for (most queues)
+        return order, []
     taken = {k for a in holding if a.state in HOLDING_STATES for k in mutex_keys(a)}
     free_to_start: list[Allocation] = []
     held: list[Pending] = []
-    for a in sorted(pending, key=lambda a: (a.submitted_at, a.id)):
+    for a in order:
         keys = mutex_keys(a)
         if keys and any(k in taken for k in keys):
             name = next(k for k in keys if k in taken).split("/", 1)[1]
@@ -204,13 +207,16 @@ def limit_task_groups(
 ) -> tuple[list[Allocation], list[Pending]]:
     """Hold back tasks beyond their group's concurrency (running + may start <= limit);
     lower task indexes go first."""
+    order = sorted(pending, key=lambda a: (a.task_group_id, a.task_index or 0, a.id))
+    if not any(a.task_group_concurrency and a.task_group_id for a in order):  # no limit
+        return order, []
     running: dict[str, int] = defaultdict(int)
     for a in holding:
         if a.task_group_id and a.state in HOLDING_STATES:
             running[a.task_group_id] += 1
     free_to_start: list[Allocation] = []
     held: list[Pending] = []
-    for a in sorted(pending, key=lambda a: (a.task_group_id, a.task_index or 0, a.id)):
+    for a in order:
         if a.task_group_id and a.task_group_concurrency:
             if running[a.task_group_id] >= a.task_group_concurrency:
                 held.append(Pending(a.id, reasons.TASK_GROUP_LIMIT))
