@@ -22,7 +22,7 @@ starts, one 2 s job per agent, until the agents have loaded their eBPF programs 
 compile, once per agent start). ``--work-dir`` puts both sides' files on another file
 system (``work_dir`` in the JSON says which): an agent creates and removes some twenty
 files and directories per job, which costs far more on some (ext4 without a journal
-looks through recently deleted inodes at every create) than on tmpfs. Slurm anchor
+steps over recently freed inodes at every create) than on tmpfs. Slurm anchor
 (``_slurm.py``; ``--no-slurm`` skips it, and it is skipped where slurm-wlm cannot be
 installed): Debian's tuned slurmctld with as many slurmd nodes as agents runs the same
 number of ``sbatch --wrap true`` jobs (``--concurrency`` concurrent sbatch loops) in the
