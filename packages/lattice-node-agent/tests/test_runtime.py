@@ -369,7 +369,7 @@ async def test_a_removal_goes_with_the_next_write_and_at_close(env: Env) -> None
 
 async def test_state_file_is_private_and_complete(env: Env) -> None:
     rt, _ = env.runtime()
-    await rt.start(make_alloc("s1", "sleep 60", walltime=100), nodelist=["n1"])
+    await rt.start(make_alloc("s1", "echo up; exec sleep 60", walltime=100), nodelist=["n1"])
     mode = stat.S_IMODE(os.stat(env.state_file).st_mode)
     assert mode == 0o600
     (entry,) = json.loads(env.state_file.read_text())["allocations"]
@@ -381,6 +381,12 @@ async def test_state_file_is_private_and_complete(env: Env) -> None:
     assert entry["stdout"].endswith("s1/stdout.log")
     assert entry["stderr"].endswith("s1/stderr.log")
     assert entry["phase"] == "running"
+    # stopped once the command runs: a SIGTERM that comes while the wrapper's child is
+    # between fork and exec is taken by the wrapper's trap there and lost (then SIGKILL)
+    deadline = time.monotonic() + 10
+    while "up" not in lines(rt.tail("s1"), "stdout"):
+        assert time.monotonic() < deadline, "the command never ran"
+        await asyncio.sleep(0.02)
     await rt.stop("s1")
     (entry,) = json.loads(env.state_file.read_text())["allocations"]
     assert (entry["phase"], entry["reason"], entry["exit_code"]) == ("exited", "cancelled", 143)
