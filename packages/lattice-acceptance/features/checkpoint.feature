@@ -7,9 +7,7 @@ Feature: Preemption through checkpoints, suspend and resume
   from that checkpoint (LATTICE_RESUME=1, LATTICE_CHECKPOINT_PATH). A job that does not
   answer is stopped (SIGTERM, grace, SIGKILL) and ends Failed, not Suspended. Its owner
   can also suspend it (`lattice suspend`) and resume it (`lattice resume`), or have it
-  checkpoint now and keep running (`lattice checkpoint`). The checkpoint signal (SIGUSR1,
-  which ends a process that does not catch it) is never sent while it would end one of
-  the job's processes: such a request times out and the job runs on. Every step
+  checkpoint now and keep running (`lattice checkpoint`). Every step
   runs against a real local cluster and real test applications that count.
 
   Scenario: A counting job preempted by a class-8 job checkpoints, is Suspended and resumes from its counter
@@ -42,9 +40,3 @@ Feature: Preemption through checkpoints, suspend and resume
     When the owner runs "lattice checkpoint" on "counter"
     Then lattice status of "counter" names a checkpoint while it is still Running
     And "counter" keeps counting past its saved counter
-
-  Scenario: A checkpoint request never ends a job whose processes do not catch SIGUSR1
-    Given a Lattice cluster with 1 node that keeps checkpoints
-    And a class-3 job "wrapped" submitted with "--checkpoint=signal" that runs its application as a child of its script
-    When the owner runs "lattice checkpoint" on "wrapped"
-    Then the checkpoint of "wrapped" times out without a signal, and it is still Running and counting

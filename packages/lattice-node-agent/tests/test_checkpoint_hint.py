@@ -169,42 +169,6 @@ async def test_an_unresponsive_application_fails_the_hint_but_keeps_running(
     assert a.id in node.runtime.running_ids()
 
 
-async def test_a_hint_before_the_application_catches_sigusr1_waits_for_it(node: Node) -> None:
-    """Hinted while the job is still a shell that does not catch SIGUSR1 (the
-    application starts 1.5 s later): the signal, which would end the shell and with it
-    the job, is held back and sent once the application has its handler; the
-    checkpoint completes and the job runs on."""
-    a = hinted(app_alloc("h-late", "signal"), 1)
-    a.spec.entrypoint = f"sleep 1.5; exec {sys.executable} {APPS / 'ckpt_signal.py'} 1000000 0.05"
-    await node.manager.sync({a.id: a})
-    await node.runtime.start(a, nodelist=["n1"])
-    await node.wait("the shell", lambda: node.runtime.unprepared_for(a.id, signal.SIGUSR1))
-    node.manager.begin_hint(a, "hint-1")
-    r = await node.wait("hint outcome", lambda: (r := node.report(a.id)).hint_id and r, 30)
-    assert r.phase == "running" and r.checkpoint_id == "ckpt-1-hint-1", r
-    assert a.id in node.runtime.running_ids()
-    assert any(ln.startswith("count") for ln in node.output(a.id))
-
-
-async def test_a_group_that_never_catches_sigusr1_gets_no_signal_and_runs_on(
-    node: Node,
-) -> None:
-    """A job whose processes never catch SIGUSR1 (here a shell waiting for its child):
-    no signal is sent, the hint times out as for an application that does not answer,
-    and the job is not killed by it."""
-    node.manager.timeout = 0.5
-    a = hinted(app_alloc("h-shell", "signal"), 1)
-    a.spec.entrypoint = "sleep 60; true"
-    await node.manager.sync({a.id: a})
-    await node.runtime.start(a, nodelist=["n1"])
-    await node.wait("the shell", lambda: len(node.runtime.unprepared_for(a.id, signal.SIGUSR1)))
-    node.manager.begin_hint(a, "hint-1")
-    r = await node.wait("hint outcome", lambda: (r := node.report(a.id)).hint_id and r, 20)
-    assert r.phase == "running" and r.reason == "checkpoint_timeout", r
-    await asyncio.sleep(0.3)
-    assert a.id in node.runtime.running_ids()  # SIGUSR1 would have ended it with 138
-
-
 def _report(aid: str, phase: str = "running") -> AllocationReport:
     return AllocationReport(allocation_id=aid, phase=phase, pid=1)
 

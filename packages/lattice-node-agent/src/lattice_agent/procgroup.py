@@ -78,28 +78,6 @@ def group_members(pgid: int) -> list[tuple[int, ProcStat]]:
     return members
 
 
-def unprepared_for(pgid: int, sig: int) -> list[int]:
-    """The live processes of group ``pgid`` that ``sig`` would end by its default action:
-    they neither catch nor ignore it (``SigCgt``/``SigIgn`` in /proc/<pid>/status).
-    Empty without /proc (nothing known, nothing held back)."""
-    if not _HAVE_PROC:
-        return []
-    bit = 1 << (sig - 1)
-    out = []
-    for pid, st in group_members(pgid):
-        if st.state in ("Z", "X"):
-            continue
-        try:
-            with open(f"/proc/{pid}/status", "rb") as f:
-                fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
-            handled = int(fields[b"SigCgt"], 16) | int(fields[b"SigIgn"], 16)
-        except (OSError, KeyError, ValueError):
-            continue  # gone meanwhile
-        if not handled & bit:
-            out.append(pid)
-    return out
-
-
 def group_exists(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -159,10 +137,6 @@ class ProcessGroup:
             pass
         except PermissionError as e:
             log.error("cannot signal process group %d of %s: %s", self.pgid, self.name, e)
-
-    def unprepared_for(self, sig: int) -> list[int]:
-        """Its processes that ``sig`` would end (see :func:`unprepared_for`)."""
-        return unprepared_for(self.pgid, sig) if self.pgid > 1 else []
 
     def leader_alive(self) -> bool:
         if self.is_child:

@@ -274,14 +274,6 @@ class ProcessRuntime:
             return False
         return True
 
-    def unprepared_for(self, alloc_id: str, signum: int) -> list[int]:
-        """The processes of a running allocation that ``signum`` would end (they neither
-        catch nor ignore it); empty when it is not running here."""
-        rec = self._allocs.get(alloc_id)
-        if rec is None or rec.life.phase != PHASE_RUNNING or rec.group is None:
-            return []
-        return rec.group.unprepared_for(signum)
-
     def forget(self, alloc_id: str) -> None:
         """Drop an exited allocation (its files stay on disk). Running ones are kept."""
         rec = self._allocs.get(alloc_id)

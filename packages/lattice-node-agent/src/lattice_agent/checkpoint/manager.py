@@ -181,11 +181,7 @@ class CheckpointManager:
     def _protocol(self, a: Allocation) -> CheckpointProtocol:
         name = a.spec.checkpoint_protocol
         if name == "signal":
-            return SignalProtocol(
-                lambda signum: self.runtime.signal(a.id, signum),
-                lambda signum: self.runtime.unprepared_for(a.id, signum),
-                a.id,
-            )
+            return SignalProtocol(lambda signum: self.runtime.signal(a.id, signum))
         if name == "shmem":
             return ShmemProtocol(self.work_dir / a.id / paths.SHM_NAME)
         reg = self._registries.get(a.id) or Registry(a.id, self.work_dir / a.id / paths.SOCKET_NAME)
