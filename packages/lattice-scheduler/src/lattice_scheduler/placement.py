@@ -208,8 +208,6 @@ def limit_task_groups(
     """Hold back tasks beyond their group's concurrency (running + may start <= limit);
     lower task indexes go first."""
     order = sorted(pending, key=lambda a: (a.task_group_id, a.task_index or 0, a.id))
-    if not any(a.task_group_concurrency and a.task_group_id for a in order):  # no limit
-        return order, []
     running: dict[str, int] = defaultdict(int)
     for a in holding:
         if a.task_group_id and a.state in HOLDING_STATES:
