@@ -7,8 +7,9 @@ agents do (percent of one core per node, ``agg="mean"``, labels alloc_id/node_id
 for every node the allocation holds, once a second: 0.9 of each node's cores ("busy")
 or 0.05 ("idle"). Pushed samples rather than real CPU load: on this 2-core machine,
 shared with other work, a real busy loop cannot hold a node above 0.8 reliably, and
-every node of the test shares the same cores. The agents' own windows are set to 10
-minutes so that their measurements of the (sleeping) job stay out of the way.
+every node of the test shares the same cores. The agents' own windows never close during
+the test (``AGENT_WINDOWS_NEVER_CLOSE``) so that their measurements of the (sleeping) job
+stay out of the way.
 
 Short windows, per allocation: evaluated every second, 2 s above/below to act,
 cooldown 4 s (the specification's defaults are 60 s / 2 min / 5 min / 3 min; every
@@ -38,7 +39,7 @@ from typing import Any
 import pytest
 from lattice_test_harness.cluster import ClusterHandle
 from lattice_test_harness.plugin import make_cluster
-from lattice_test_harness.victoria import available
+from lattice_test_harness.victoria import AGENT_WINDOWS_NEVER_CLOSE, available
 
 pytestmark = [
     pytest.mark.cluster,
@@ -59,7 +60,7 @@ while true; do sleep 1; done
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
-    env = {"LATTICE_TELEMETRY__AGGREGATION_WINDOW_SECONDS": "600"}
+    env = dict(AGENT_WINDOWS_NEVER_CLOSE)
     h = make_cluster(tmp_path_factory.mktemp("autoscale"), members=1, agents=5, tsdb=True, env=env)
     yield h
     h.cluster.stop()
@@ -128,7 +129,8 @@ class Watch:
             if fn(a):
                 return a
             time.sleep(0.3)
-        raise AssertionError(f"timed out waiting for {what}: sizes {self.sizes}")
+        status = self.h.get(self.alloc_id).get("scaling_status")
+        raise AssertionError(f"timed out waiting for {what}: sizes {self.sizes}, status {status}")
 
     def hold(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -184,12 +186,17 @@ def test_scales_up_to_max_and_back_down(cluster: ClusterHandle, tmp_path: Any) -
         load.fraction = 0.9
         w.until("4 nodes", n_nodes(4), timeout=60)
 
+        shown = [""]
+
         def blocked() -> bool:  # recorded at the first evaluation after the cooldown that
             w.poll()  # wants more (a loaded machine may take a while)
-            out = cluster.cli("status", alloc_id).stdout
+            shown[0] = out = cluster.cli("status", alloc_id).stdout
             return "Scaling blocked:" in out and "at max_nodes 4" in out
 
-        cluster.wait_for("status says why it stays at 4", blocked, timeout=60, interval=0.5)
+        try:
+            cluster.wait_for("status says why it stays at 4", blocked, timeout=60, interval=0.5)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nlast status:\n{shown[0]}\nsizes {w.sizes}") from None
         w.hold(HOLD)  # still busy, past the cooldown: stays at max_nodes
         assert w.max_seen == 4
         ups = sorted(t for t, (d, _) in w.events.items() if d == "up")

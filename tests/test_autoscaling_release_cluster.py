@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from lattice_test_harness.cluster import ClusterHandle
 from lattice_test_harness.plugin import make_cluster
-from lattice_test_harness.victoria import available
+from lattice_test_harness.victoria import AGENT_WINDOWS_NEVER_CLOSE, available
 from test_autoscaling_cluster import Load, Watch, n_nodes  # the load generator and watcher
 
 pytestmark = [
@@ -52,7 +52,7 @@ while true; do sleep 0.2; done
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
     base = tmp_path_factory.mktemp("autoscale-release")
     env = {
-        "LATTICE_TELEMETRY__AGGREGATION_WINDOW_SECONDS": "600",
+        **AGENT_WINDOWS_NEVER_CLOSE,
         "LATTICE_CHECKPOINT__CHECKPOINT_ROOT": str(base / "checkpoints"),
         # the scheduler's deadline for the release; the app needs about 3 s
         "LATTICE_CHECKPOINT__CHECKPOINT_TIMEOUT_SECONDS": "60",

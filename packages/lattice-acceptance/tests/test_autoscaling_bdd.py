@@ -1,5 +1,5 @@
 """Steps for features/autoscaling.feature: a reactive job on its own real cluster (3
-agents, VictoriaMetrics, the agents' windows at 10 minutes so that only the scenario's
+agents, VictoriaMetrics, the agents' windows never closing so that only the scenario's
 pushed load counts), submitted with the CLI's reactive flags; the load is the
 allocation's cpu_utilization pushed for each node it holds, once a second."""
 
@@ -16,7 +16,7 @@ import pytest
 from lattice_acceptance.world import show
 from lattice_test_harness.cluster import ClusterHandle
 from lattice_test_harness.plugin import make_cluster
-from lattice_test_harness.victoria import available
+from lattice_test_harness.victoria import AGENT_WINDOWS_NEVER_CLOSE, available
 from pytest_bdd import given, parsers, scenarios, then, when
 
 pytestmark = [
@@ -79,7 +79,7 @@ class World:
 def scaling_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
     base = tmp_path_factory.mktemp("bdd-autoscale")
     env = {
-        "LATTICE_TELEMETRY__AGGREGATION_WINDOW_SECONDS": "600",
+        **AGENT_WINDOWS_NEVER_CLOSE,
         "LATTICE_CHECKPOINT__CHECKPOINT_ROOT": str(base / "checkpoints"),
     }
     h = make_cluster(base, agents=3, tsdb=True, env=env)

@@ -408,9 +408,11 @@ class LocalCluster:
 
     def diagnosis(self, per_log: int = 4) -> str:
         """What an error that timed out should carry (CI keeps no log directory): the
-        log tails of the members and agents that have exited, then the last warnings
-        and errors of those still running."""
+        log tails of the members, schedulers, broker, accounting and agents that have
+        exited, then the last warnings and errors of those still running."""
         procs = [(f"member-{m.id}", m.proc) for m in self.members]
+        procs += [(f"scheduler-{vc}", p) for vc, p in self.schedulers.items()]
+        procs += [("checkpoint", self.broker_proc), ("accounting", self.accounting_proc)]
         procs += [(f"agent-{a.node_id}", a.proc) for a in self.agents]
         exited, problems = [], []
         for name, proc in procs:

@@ -25,7 +25,14 @@ from lattice_cli.devcluster import TSDB_BINARY as BINARY
 from lattice_cli.devcluster import free_port as _free_port
 from lattice_cli.devcluster import tsdb_argv
 
-__all__ = ["BINARY", "VictoriaMetrics", "available"]
+__all__ = ["AGENT_WINDOWS_NEVER_CLOSE", "BINARY", "VictoriaMetrics", "available"]
+
+#: Environment for a cluster whose tests push a metric themselves: the agents' prod
+#: windows are aligned to multiples of their length on the wall clock, and a window
+#: that closes during a test pushes the job's real (idle) measurement as a second
+#: series of the same node, which ``avg by (node_id)`` averages with the pushed one
+#: for the whole look-back (60 s). A window of 10^9 s next closes in 2033.
+AGENT_WINDOWS_NEVER_CLOSE = {"LATTICE_TELEMETRY__AGGREGATION_WINDOW_SECONDS": "1000000000"}
 
 
 def available() -> bool:
