@@ -7,8 +7,12 @@ Feature: Preemption through checkpoints, suspend and resume
   from that checkpoint (LATTICE_RESUME=1, LATTICE_CHECKPOINT_PATH). A job that does not
   answer is stopped (SIGTERM, grace, SIGKILL) and ends Failed, not Suspended. Its owner
   can also suspend it (`lattice suspend`) and resume it (`lattice resume`), or have it
-  checkpoint now and keep running (`lattice checkpoint`). Every step
-  runs against a real local cluster and real test applications that count.
+  checkpoint now and keep running (`lattice checkpoint`). The checkpoint signal (SIGUSR1,
+  which ends a process that does not catch it) goes to the processes of the job's process
+  group that catch it, once one does: an application run as a child of its batch script
+  checkpoints and the script runs on, and a job in which nothing catches it is never ended
+  by a request (the request times out). Every step runs against a real
+  local cluster and real test applications that count.
 
   Scenario: A counting job preempted by a class-8 job checkpoints, is Suspended and resumes from its counter
     Given a Lattice cluster with 1 node that keeps checkpoints
@@ -40,3 +44,16 @@ Feature: Preemption through checkpoints, suspend and resume
     When the owner runs "lattice checkpoint" on "counter"
     Then lattice status of "counter" names a checkpoint while it is still Running
     And "counter" keeps counting past its saved counter
+
+  Scenario: An application run as a child of its batch script checkpoints and the script runs on
+    Given a Lattice cluster with 1 node that keeps checkpoints
+    And a class-3 job "wrapped" submitted with "--checkpoint=signal" that runs its application as a child of its script
+    When the owner runs "lattice checkpoint" on "wrapped"
+    Then lattice status of "wrapped" names a checkpoint while it is still Running
+    And "wrapped" keeps counting past its saved counter
+
+  Scenario: A checkpoint request never ends a job in which nothing catches SIGUSR1
+    Given a Lattice cluster with 1 node that keeps checkpoints
+    And a class-3 job "deaf" submitted with "--checkpoint=signal" that ignores checkpoint requests
+    When the owner runs "lattice checkpoint" on "deaf"
+    Then the checkpoint of "deaf" times out without a signal, and it is still Running and counting

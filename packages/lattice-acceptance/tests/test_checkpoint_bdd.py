@@ -106,17 +106,19 @@ def one_node(world: World) -> None:
 @given(
     parsers.re(
         r'a class-(?P<cls>\d+) job "(?P<name>[^"]+)" submitted with "(?P<flag>[^"]+)" '
-        r"that (?P<what>counts to \d+|ignores checkpoint requests)"
+        r"that (?P<what>counts to \d+|ignores checkpoint requests|"
+        r"runs its application as a child of its script)"
     )
 )
 def counting_job(world: World, cls: str, name: str, flag: str, what: str) -> None:
     protocol = flag.split("=", 1)[1]
     args = f"{what.split()[-1]} 0.05" if what.startswith("counts") else "1000000 0.05 hang"
     app = APPS / f"ckpt_{protocol}.py"
+    script = f"exec {sys.executable} {app} {args}"
+    if what.startswith("runs"):  # no exec: the script's shell waits for the application
+        script = f"{sys.executable} {app} 1000000 0.05\necho the application ended"
     job = world.submit(
-        name,
-        f"exec {sys.executable} {app} {args}",
-        directives=("--walltime=10m", f"--preemption-class={cls}", flag),
+        name, script, directives=("--walltime=10m", f"--preemption-class={cls}", flag)
     )
     a = world.wait_running(job)
     world.node = a["assigned_nodes"][0]
@@ -236,3 +238,27 @@ def keeps_counting(world: World, name: str) -> None:
     out = logs(world, name)
     assert f"checkpointed at {saved}" in out and out.count("started fresh") == 1, out[-10:]
     world.cli("cancel", world.jobs[name].id)
+
+
+@then(
+    parsers.parse(
+        'the checkpoint of "{name}" times out without a signal, and it is still Running '
+        "and counting"
+    )
+)
+def no_fatal_signal(world: World, name: str) -> None:
+    aid = world.jobs[name].id
+
+    def answered_or_ended() -> dict[str, Any] | None:
+        x = world.cluster.get(aid)
+        done = (x.get("checkpoint_hint") or {}).get("done_at")
+        return x if done or x["state"] != "Running" else None
+
+    a = wait(world, f"{name}'s checkpoint request answered", answered_or_ended)
+    assert a["state"] == "Running" and not a.get("last_checkpoint"), a
+    counted = max(int(ln.split()[1]) for ln in logs(world, name) if ln.startswith("count "))
+    wait(world, f"{name} counting on", lambda: f"count {counted + 10}" in logs(world, name))
+    assert world.cluster.get(aid)["state"] == "Running"
+    agent_log = world.cluster.cluster.log_path(f"agent-{world.node}").read_text()
+    assert f"allocation {aid}: checkpoint signal held back" in agent_log
+    world.cli("cancel", aid)

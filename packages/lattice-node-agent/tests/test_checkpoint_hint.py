@@ -78,7 +78,10 @@ class Node:
             if got:
                 return got
             await asyncio.sleep(0.05)
-        raise AssertionError(f"no {what}")
+        raise AssertionError(
+            f"no {what}: reports {self.runtime.reports()}, hint outcomes "
+            f"{self.manager.hint_outcomes}, hinting {list(self.manager._hint_tasks)}"
+        )
 
     async def wait_line(self, aid: str, prefix: str) -> str:
         return await self.wait(
@@ -167,6 +170,82 @@ async def test_an_unresponsive_application_fails_the_hint_but_keeps_running(
     r = await node.wait("hint outcome", lambda: (r := node.report(a.id)).hint_id and r, 20)
     assert r.phase == "running" and r.checkpoint_id == "" and r.reason == "checkpoint_timeout"
     assert a.id in node.runtime.running_ids()
+
+
+async def test_a_hint_right_after_the_start_waits_for_the_applications_handler(
+    node: Node,
+) -> None:
+    """Hinted at once, while the job is the wrapper, then a shell, then ``sleep``, and
+    only 1.5 s later the application: SIGUSR1 reaches no process before the
+    application catches it (it would be lost in a shell's trap, or end a process that
+    has the default action), then it is sent once; the checkpoint completes and the
+    job runs on."""
+    a = hinted(app_alloc("h-late", "signal"), 1)
+    a.spec.entrypoint = f"sleep 1.5; exec {sys.executable} {APPS / 'ckpt_signal.py'} 1000000 0.05"
+    await node.manager.sync({a.id: a})
+    await node.runtime.start(a, nodelist=["n1"])
+    assert not node.runtime.signal_disposition(a.id, signal.SIGUSR1).catching
+    node.manager.begin_hint(a, "hint-1")
+    r = await node.wait("hint outcome", lambda: (r := node.report(a.id)).hint_id and r, 30)
+    assert r.phase == "running" and r.checkpoint_id == "ckpt-1-hint-1", r
+    assert a.id in node.runtime.running_ids()
+    assert any(ln.startswith("checkpointed at") for ln in node.output(a.id))
+
+
+async def test_an_application_run_as_a_child_of_its_script_checkpoints(node: Node) -> None:
+    """The script's shell waits for the application (no ``exec``), as most batch
+    scripts do: the shell ignores SIGUSR1, the application catches it, so the group's
+    signal checkpoints the application and the script runs on."""
+    a = hinted(app_alloc("h-child", "signal"), 1)
+    a.spec.entrypoint = (
+        f"{sys.executable} {APPS / 'ckpt_signal.py'} 1000000 0.05; echo the application ended"
+    )
+    await node.manager.sync({a.id: a})
+    await node.runtime.start(a, nodelist=["n1"])
+    node.manager.begin_hint(a, "hint-1")
+    r = await node.wait("hint outcome", lambda: (r := node.report(a.id)).hint_id and r, 30)
+    assert r.phase == "running" and r.checkpoint_id == "ckpt-1-hint-1", r
+    await node.wait_line(a.id, "checkpointed at")
+    await asyncio.sleep(0.3)
+    assert a.id in node.runtime.running_ids()
+    assert "the application ended" not in node.output(a.id)
+
+
+async def test_a_script_that_traps_usr1_checkpoints_between_its_commands(node: Node) -> None:
+    """The batch-script pattern: the script traps USR1 and loops over short commands
+    (which have the default action): the script gets the signal, they are not ended by
+    it, and the trap writes the checkpoint."""
+    a = hinted(app_alloc("h-trap", "signal"), 1)
+    a.spec.entrypoint = (
+        "bash -c 'trap \"echo saved > $LATTICE_CHECKPOINT_DIR/state; "
+        'touch $LATTICE_CHECKPOINT_SENTINEL; echo trapped" USR1; '
+        "echo looping; while :; do sleep 0.2; done'"
+    )
+    await node.manager.sync({a.id: a})
+    await node.runtime.start(a, nodelist=["n1"])
+    await node.wait_line(a.id, "looping")
+    node.manager.begin_hint(a, "hint-1")
+    r = await node.wait("hint outcome", lambda: (r := node.report(a.id)).hint_id and r, 30)
+    assert r.phase == "running" and r.checkpoint_id == "ckpt-1-hint-1", r
+    assert (Path(r.checkpoint_path) / "state").read_text() == "saved\n"
+    assert node.output(a.id).count("trapped") == 1
+    assert a.id in node.runtime.running_ids()
+
+
+async def test_a_job_that_never_catches_sigusr1_gets_no_signal_and_runs_on(node: Node) -> None:
+    """A job none of whose processes catches SIGUSR1 (a shell waiting for ``sleep``):
+    no signal is sent, the hint times out as for an application that does not answer,
+    and the job is not ended by it."""
+    node.manager.timeout = 0.5
+    a = hinted(app_alloc("h-shell", "signal"), 1)
+    a.spec.entrypoint = "sleep 60; true"
+    await node.manager.sync({a.id: a})
+    await node.runtime.start(a, nodelist=["n1"])
+    node.manager.begin_hint(a, "hint-1")
+    r = await node.wait("hint outcome", lambda: (r := node.report(a.id)).hint_id and r, 20)
+    assert r.phase == "running" and r.reason == "checkpoint_timeout", r
+    await asyncio.sleep(0.3)
+    assert a.id in node.runtime.running_ids()  # SIGUSR1 would have ended it with 138
 
 
 def _report(aid: str, phase: str = "running") -> AllocationReport:

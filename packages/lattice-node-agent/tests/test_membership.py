@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lattice_agent import membership
 from lattice_agent.membership import Membership, plan
+from lattice_agent.procgroup import group_members
 from lattice_common.types import Allocation, AllocationReport, AllocationState
 from lattice_test_harness import builders
 
@@ -47,6 +48,13 @@ def wait_for(fn, timeout: float = 10.0):  # type: ignore[no-untyped-def]
     raise AssertionError("timed out")
 
 
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_a_real_job_reads_the_file_on_sigusr2_and_others_are_left_alone(tmp_path: Path) -> None:
     m = Membership("n0", tmp_path)
     nodes_file = m.path("a1")
@@ -66,6 +74,8 @@ def test_a_real_job_reads_the_file_on_sigusr2_and_others_are_left_alone(tmp_path
     p = subprocess.Popen(["/bin/sh", "-c", job], start_new_session=True)
     try:
         wait_for(lambda: out.exists() and "ready" in out.read_text())
+        # the sleep has exec'd (before, the shell's fork still has its handler)
+        wait_for(lambda: any(cmdline(pid).startswith(b"sleep") for pid, _ in group_members(p.pid)))
         report = AllocationReport(allocation_id="a1", phase="running", pid=p.pid)
         m.sync({"a1": alloc(["n0", "n1", "n2"])}, [report])
         assert nodes_file.read_text() == "n0\nn1\nn2\n"
@@ -76,7 +86,7 @@ def test_a_real_job_reads_the_file_on_sigusr2_and_others_are_left_alone(tmp_path
         assert out.read_text().count("n0") == 2
         assert m.signalled == 2
         # the background sleep (no handler) is alive: nothing was killed
-        members = [pid for pid, st in membership.group_members(p.pid) if st.state != "Z"]
+        members = [pid for pid, st in group_members(p.pid) if st.state != "Z"]
         assert len(members) >= 2 and p.poll() is None
         # a restarted agent compares with the file on disk and still tells the job
         again = Membership("n0", tmp_path)

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from lattice_agent import procgroup
@@ -110,3 +111,67 @@ def test_a_reused_pid_is_not_the_leader(groups: list[int]) -> None:
 def test_become_subreaper_is_idempotent() -> None:
     procgroup.become_subreaper()
     procgroup.become_subreaper()
+
+
+def _until(what: str, fn, timeout: float = 10.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if got := fn():
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"no {what}")
+
+
+_CATCHER = "import signal, time; signal.signal(signal.SIGUSR1, lambda *_: None); time.sleep(30)"
+
+
+def test_signal_disposition_sees_who_catches_ignores_or_dies(groups: list[int]) -> None:
+    """A leader that traps USR1 (left out as ours), a child with the default action (would
+    die), one that ignores it and one with a handler; only the handler's process is
+    signalled, and the one that would die of it lives on."""
+    import sys
+
+    py = sys.executable
+    pgid = start_group(
+        f"trap : USR1; sleep 30 & (trap '' USR1; exec sleep 31) & {py} -c '{_CATCHER}' & wait"
+    )
+    groups.append(pgid)
+    leader = _until("the shell's command line", Path(f"/proc/{pgid}/cmdline").read_bytes)
+    d = _until(
+        "a handler and the plain sleep",
+        lambda: (
+            (x := procgroup.signal_disposition(pgid, signal.SIGUSR1, leader.__eq__)).catching
+            and x.dying
+            and x
+        ),
+    )
+    names = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] for pid in d.dying}
+    assert list(names.values()) == [b"sleep"], names
+    assert len(d.catching) == 1 and pgid not in d.catching + d.dying
+    assert procgroup.signal_members(pgid, d.catching, signal.SIGUSR1) == 1
+    time.sleep(0.2)
+    (sleeper,) = names
+    assert proc_stat(sleeper) is not None and proc_stat(sleeper).state not in "ZX"
+    assert procgroup.signal_members(pgid, [os.getpid()], signal.SIGUSR1) == 0  # not in it
+
+
+def test_processes_the_agent_calls_its_own_are_left_out(groups: list[int]) -> None:
+    """A fork that has not exec'd has its parent's command line and handlers: ``ours``
+    recognises it by the command line, so it never counts as the application."""
+    import sys
+
+    script = (
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGUSR1, lambda *_: None)\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(30)\n"
+        "time.sleep(30)\n"
+    )
+    argv = [sys.executable, "-c", script, "agent-marker"]
+    pgid = os.posix_spawn(sys.executable, argv, dict(os.environ), setsid=True)
+    groups.append(pgid)
+    _until("the fork", lambda: len(group_members(pgid)) == 2)
+    theirs = procgroup.signal_disposition(pgid, signal.SIGUSR1)
+    assert len(theirs.catching) == 2 and theirs.known  # the leader and its fork
+    ours = procgroup.signal_disposition(pgid, signal.SIGUSR1, lambda c: b"\0agent-marker" in c)
+    assert ours.catching == () and ours.dying == ()

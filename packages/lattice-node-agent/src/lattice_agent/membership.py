@@ -37,8 +37,8 @@ from pathlib import Path
 
 from lattice_common.types import Allocation, AllocationReport, AllocationState
 
-from lattice_agent.procgroup import group_members
-from lattice_agent.spawn import NODES_FILE, RELEASING_FILE
+from lattice_agent.procgroup import signal_disposition, signal_members
+from lattice_agent.spawn import NODES_FILE, RELEASING_FILE, agent_shell
 
 log = logging.getLogger("lattice.agent.membership")
 
@@ -91,30 +91,11 @@ def releasing(node_id: str, assigned: Mapping[str, Allocation]) -> dict[str, tup
     return out
 
 
-def catches(pid: int, signum: int) -> bool:
-    """``pid`` has a handler for ``signum`` (its ``SigCgt`` mask)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
-
-
 def notify_group(pgid: int, signum: int = MEMBERSHIP_SIGNAL) -> int:
-    """Send ``signum`` to the members of process group ``pgid`` that handle it; how many
-    were sent it."""
-    sent = 0
-    for pid, st in group_members(pgid):
-        if st.state != "Z" and catches(pid, signum):
-            try:
-                os.kill(pid, signum)
-                sent += 1
-            except (ProcessLookupError, PermissionError):
-                continue
-    return sent
+    """Send ``signum`` to the members of process group ``pgid`` that handle it (the
+    agent's wrapper and entrypoint shell aside); how many were sent it."""
+    d = signal_disposition(pgid, signum, agent_shell)
+    return signal_members(pgid, d.catching, signum)
 
 
 def read_nodes(path: Path) -> tuple[str, ...] | None:

@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from lattice_agent.lifecycle import signal_exit_code
@@ -31,10 +32,13 @@ log = logging.getLogger("lattice.agent.runtime")
 __all__ = [
     "ProcStat",
     "ProcessGroup",
+    "SignalDisposition",
     "become_subreaper",
     "group_exists",
     "group_members",
     "proc_stat",
+    "signal_disposition",
+    "signal_members",
     "status_to_exit_code",
 ]
 
@@ -76,6 +80,78 @@ def group_members(pgid: int) -> list[tuple[int, ProcStat]]:
         if st is not None and st.pgrp == pgid:
             members.append((int(name), st))
     return members
+
+
+@dataclass(frozen=True)
+class SignalDisposition:
+    """What a signal would do to a job's processes, leaving out those ``ours``
+    recognises by their command line (the agent's wrapper, the group leader, and its
+    entrypoint shell, which trap it, and their forks that have not exec'd yet):
+    ``catching``, the processes with a handler; ``dying``, those it would end by its
+    default action (neither caught nor ignored). ``known`` is False without /proc."""
+
+    catching: tuple[int, ...] = ()
+    dying: tuple[int, ...] = ()
+    known: bool = True
+
+
+def signal_disposition(
+    pgid: int, sig: int, ours: Callable[[bytes], bool] = lambda _cmdline: False
+) -> SignalDisposition:
+    """``sig`` for the live processes of group ``pgid`` (``SigCgt``/``SigIgn`` in
+    /proc/<pid>/status)."""
+    if not _HAVE_PROC:
+        return SignalDisposition(known=False)
+    bit = 1 << (sig - 1)
+    catching, dying = [], []
+    for pid, st in group_members(pgid):
+        if st.state in ("Z", "X"):
+            continue
+        mask, cmdline = _signal_masks(pid), _cmdline(pid)
+        # gone meanwhile, in the middle of an exec (no command line yet: its handlers
+        # are about to be reset), or the agent's own shell
+        if mask is None or not cmdline or ours(cmdline):
+            continue
+        caught, ignored = mask
+        if caught & bit:
+            catching.append(pid)
+        elif not ignored & bit:
+            dying.append(pid)
+    return SignalDisposition(tuple(catching), tuple(dying))
+
+
+def signal_members(pgid: int, pids: Iterable[int], sig: int) -> int:
+    """Send ``sig`` to each of ``pids`` still in group ``pgid`` (a pid reused since is
+    left alone); how many got it."""
+    sent = 0
+    for pid in pids:
+        st = proc_stat(pid)
+        if st is None or st.pgrp != pgid:
+            continue
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            continue
+        sent += 1
+    return sent
+
+
+def _signal_masks(pid: int) -> tuple[int, int] | None:
+    """(SigCgt, SigIgn) of ``pid``; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        return int(fields[b"SigCgt"], 16), int(fields[b"SigIgn"], 16)
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def group_exists(pgid: int) -> bool:
@@ -137,6 +213,16 @@ class ProcessGroup:
             pass
         except PermissionError as e:
             log.error("cannot signal process group %d of %s: %s", self.pgid, self.name, e)
+
+    def signal_disposition(
+        self, sig: int, ours: Callable[[bytes], bool] = lambda _cmdline: False
+    ) -> SignalDisposition:
+        """What ``sig`` would do to its processes (see :func:`signal_disposition`)."""
+        return signal_disposition(self.pgid, sig, ours) if self.pgid > 1 else SignalDisposition()
+
+    def signal_members(self, pids: Iterable[int], sig: int) -> int:
+        """``sig`` to those of ``pids`` still in the group (see :func:`signal_members`)."""
+        return signal_members(self.pgid, pids, sig) if self.pgid > 1 else 0
 
     def leader_alive(self) -> bool:
         if self.is_child:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +54,9 @@ from lattice_agent.logtail import STREAMS, LogRecord, LogTail, check_stream, tai
 from lattice_agent.oci import OciError, OciStore
 from lattice_agent.oci import parse_ref as parse_image_ref
 from lattice_agent.persist import StateFile, WriteLater, from_entry, to_entry
-from lattice_agent.procgroup import ProcessGroup, become_subreaper
+from lattice_agent.procgroup import ProcessGroup, SignalDisposition, become_subreaper
 from lattice_agent.scratch import Scratch, ScratchError, default_root
-from lattice_agent.spawn import AllocPaths, check_alloc_id, read_exit_file, spawn
+from lattice_agent.spawn import AllocPaths, agent_shell, check_alloc_id, read_exit_file, spawn
 from lattice_agent.uenv import UenvCache, UenvError
 
 log = logging.getLogger("lattice.agent.runtime")
@@ -263,8 +263,8 @@ class ProcessRuntime:
         return [rec.report() for rec in self._allocs.values()]
 
     def signal(self, alloc_id: str, signum: int) -> bool:
-        """Send ``signum`` to a running allocation's process group (the checkpoint
-        signal protocol's SIGUSR1). False when it is not running here."""
+        """Send ``signum`` to a running allocation's process group. False when it is
+        not running here."""
         rec = self._allocs.get(alloc_id)
         if rec is None or rec.life.phase != PHASE_RUNNING or rec.group is None:
             return False
@@ -273,6 +273,22 @@ class ProcessRuntime:
         except OSError:
             return False
         return True
+
+    def signal_disposition(self, alloc_id: str, signum: int) -> SignalDisposition:
+        """What ``signum`` would do to a running allocation's processes, the agent's
+        wrapper and entrypoint shell left out (none when it is not running here)."""
+        rec = self._allocs.get(alloc_id)
+        if rec is None or rec.life.phase != PHASE_RUNNING or rec.group is None:
+            return SignalDisposition()
+        return rec.group.signal_disposition(signum, agent_shell)
+
+    def signal_processes(self, alloc_id: str, pids: Iterable[int], signum: int) -> int:
+        """Send ``signum`` to those of ``pids`` still in a running allocation's process
+        group; how many got it."""
+        rec = self._allocs.get(alloc_id)
+        if rec is None or rec.life.phase != PHASE_RUNNING or rec.group is None:
+            return 0
+        return rec.group.signal_members(pids, signum)
 
     def forget(self, alloc_id: str) -> None:
         """Drop an exited allocation (its files stay on disk). Running ones are kept."""

@@ -109,6 +109,19 @@ _WRAPPER_UENV = (
     '"$@"; rc=$?; '
     'echo "$rc" > "$f"; exit "$rc"'
 )
+#: what the shell running a signal-protocol job's entrypoint does first
+SIGNAL_TRAP = "trap : USR1; "
+_WRAPPER_NAME = b"\0lattice-wrapper\0"
+_ENTRY_SHELL = f"{_SHELL}\0-c\0{SIGNAL_TRAP}".encode()
+
+
+def agent_shell(cmdline: bytes) -> bool:
+    """A process of the job that is the agent's, not the application's, by its
+    /proc/<pid>/cmdline: the wrapper or the signal-protocol entrypoint shell, or a fork
+    of either that has not exec'd yet (same command line, their traps still set)."""
+    return _WRAPPER_NAME in cmdline or cmdline.startswith(_ENTRY_SHELL)
+
+
 # Between the wrapper and the command when the job runs as another user, run by setpriv
 # as that user: argv $0=lattice-user $1=cwd $2=N, then N (stream, log file, link)
 # triples of sbatch -o/-e links, then the command. The links are made as the user (a
@@ -553,9 +566,10 @@ def spawn(
         offsets = {"stdout": os.fstat(out_fd).st_size, "stderr": os.fstat(err_fd).st_size}
         entry = spec.entrypoint
         if spec.checkpointable and spec.checkpoint_protocol == "signal":
-            # the checkpoint signal goes to the whole process group: the shell running
-            # the entrypoint survives it (a trap is reset by exec: the job gets it)
-            entry = f"trap : USR1; {entry}"
+            # the shell running the entrypoint survives a SIGUSR1 sent to the group by
+            # hand (a trap is reset by exec: the job gets the default); the checkpoint
+            # signal itself goes only to the processes that catch it (checkpoint/signal.py)
+            entry = SIGNAL_TRAP + entry
         command = [_SHELL, "-c", entry] if container is None else container(env, cwd)
         wrapper_cwd = cwd
         if run_as is not None and run_as.switches:

@@ -181,7 +181,12 @@ class CheckpointManager:
     def _protocol(self, a: Allocation) -> CheckpointProtocol:
         name = a.spec.checkpoint_protocol
         if name == "signal":
-            return SignalProtocol(lambda signum: self.runtime.signal(a.id, signum))
+            return SignalProtocol(
+                lambda signum: self.runtime.signal(a.id, signum),
+                lambda signum: self.runtime.signal_disposition(a.id, signum),
+                lambda pids, signum: self.runtime.signal_processes(a.id, pids, signum),
+                a.id,
+            )
         if name == "shmem":
             return ShmemProtocol(self.work_dir / a.id / paths.SHM_NAME)
         reg = self._registries.get(a.id) or Registry(a.id, self.work_dir / a.id / paths.SOCKET_NAME)
