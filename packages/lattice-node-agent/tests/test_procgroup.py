@@ -175,3 +175,36 @@ def test_processes_the_agent_calls_its_own_are_left_out(groups: list[int]) -> No
     assert len(theirs.catching) == 2 and theirs.known  # the leader and its fork
     ours = procgroup.signal_disposition(pgid, signal.SIGUSR1, lambda c: b"\0agent-marker" in c)
     assert ours.catching == () and ours.dying == ()
+
+
+async def test_a_signal_taken_by_a_wrapper_fork_before_its_exec_reaches_its_command(
+    groups: list[int],
+) -> None:
+    """The wrapper traps SIGTERM; a fork of it that has not exec'd yet still has that
+    trap, swallows the group's SIGTERM and then execs the command, which never saw it.
+    Found before the signal (by its command line), the fork's command is sent it once
+    it has exec'd: it ends by SIGTERM, not by SIGKILL after the grace."""
+    import sys
+
+    script = (
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: None)\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(0.5)\n"  # between fork and exec, the wrapper's trap
+        "    os.execv('/bin/sleep', ['sleep', '30'])\n"
+        "_, st = os.wait()\n"
+        "os._exit(-os.waitstatus_to_exitcode(st))\n"  # the signal that ended the command
+    )
+    marker = b"\0wrapper-marker"
+    argv = [sys.executable, "-c", script, "wrapper-marker"]
+    pgid = os.posix_spawn(sys.executable, argv, dict(os.environ), setsid=True)
+    groups.append(pgid)
+    group = ProcessGroup("wrapped", pgid, proc_start=None, is_child=True)
+    forks = _until("the fork", lambda: procgroup.unexeced_forks(pgid, lambda c: marker in c))
+    os.killpg(pgid, signal.SIGTERM)  # taken by the fork's (and the leader's) handler
+    sent = await group.signal_after_exec(forks, signal.SIGTERM, lambda c: marker in c)
+    assert sent == 1
+    _, status = os.waitpid(pgid, 0)
+    assert os.waitstatus_to_exitcode(status) == signal.SIGTERM  # the command's end
+    (fork,) = forks
+    assert proc_stat(fork) is None or proc_stat(fork).state in "ZX"

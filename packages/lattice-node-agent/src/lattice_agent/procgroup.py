@@ -40,6 +40,7 @@ __all__ = [
     "signal_disposition",
     "signal_members",
     "status_to_exit_code",
+    "unexeced_forks",
 ]
 
 LIVENESS_POLL = 0.25  # seconds between kill(pid, 0) checks for processes we did not spawn
@@ -136,6 +137,16 @@ def signal_members(pgid: int, pids: Iterable[int], sig: int) -> int:
     return sent
 
 
+def unexeced_forks(pgid: int, is_wrapper: Callable[[bytes], bool]) -> list[int]:
+    """The members of group ``pgid`` other than its leader that ``is_wrapper`` knows by
+    their command line: forks of the wrapper that have not exec'd their command yet."""
+    out = []
+    for pid, st in group_members(pgid):
+        if pid != pgid and st.state not in ("Z", "X") and is_wrapper(_cmdline(pid)):
+            out.append(pid)
+    return out
+
+
 def _signal_masks(pid: int) -> tuple[int, int] | None:
     """(SigCgt, SigIgn) of ``pid``; None when it is gone."""
     try:
@@ -219,6 +230,36 @@ class ProcessGroup:
     ) -> SignalDisposition:
         """What ``sig`` would do to its processes (see :func:`signal_disposition`)."""
         return signal_disposition(self.pgid, sig, ours) if self.pgid > 1 else SignalDisposition()
+
+    async def signal_after_exec(
+        self,
+        pids: Iterable[int],
+        sig: int,
+        is_wrapper: Callable[[bytes], bool],
+        timeout: float = 2.0,
+    ) -> int:
+        """``sig`` to each of ``pids`` (forks of the wrapper when the group got ``sig``)
+        once it has exec'd its command; how many got it. Such a fork may have taken the
+        group's signal in the wrapper's trap, and the command it then execs never saw
+        it (a SIGTERM lost so: the job ends by SIGKILL after the whole grace)."""
+        left, sent = set(pids), 0
+        deadline = time.monotonic() + timeout
+        while left and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+            for pid in list(left):
+                st = proc_stat(pid)
+                if st is None or st.pgrp != self.pgid or st.state in ("Z", "X"):
+                    left.discard(pid)  # ended (the signal reached it after the trap)
+                    continue
+                cmdline = _cmdline(pid)
+                if cmdline and not is_wrapper(cmdline):
+                    left.discard(pid)
+                    try:
+                        os.kill(pid, sig)
+                        sent += 1
+                    except OSError:
+                        pass
+        return sent
 
     def signal_members(self, pids: Iterable[int], sig: int) -> int:
         """``sig`` to those of ``pids`` still in the group (see :func:`signal_members`)."""

@@ -54,9 +54,21 @@ from lattice_agent.logtail import STREAMS, LogRecord, LogTail, check_stream, tai
 from lattice_agent.oci import OciError, OciStore
 from lattice_agent.oci import parse_ref as parse_image_ref
 from lattice_agent.persist import StateFile, WriteLater, from_entry, to_entry
-from lattice_agent.procgroup import ProcessGroup, SignalDisposition, become_subreaper
+from lattice_agent.procgroup import (
+    ProcessGroup,
+    SignalDisposition,
+    become_subreaper,
+    unexeced_forks,
+)
 from lattice_agent.scratch import Scratch, ScratchError, default_root
-from lattice_agent.spawn import AllocPaths, agent_shell, check_alloc_id, read_exit_file, spawn
+from lattice_agent.spawn import (
+    AllocPaths,
+    agent_shell,
+    check_alloc_id,
+    read_exit_file,
+    spawn,
+    wrapper_process,
+)
 from lattice_agent.uenv import UenvCache, UenvError
 
 log = logging.getLogger("lattice.agent.runtime")
@@ -388,7 +400,18 @@ class ProcessRuntime:
             case lc.Watch():
                 self._spawn_task(self._watch(rec), f"watch-{rec.id}")
             case lc.Signal(signum=signum):
+                group = rec.group
+                # a fork of the wrapper before its exec takes the signal in the wrapper's
+                # trap: its command gets it once it has exec'd
+                forks = (
+                    unexeced_forks(group.pgid, wrapper_process) if group and group.pgid > 1 else []
+                )
                 rec.signal(signum)
+                if group is not None and forks:
+                    self._spawn_task(
+                        group.signal_after_exec(forks, signum, wrapper_process),
+                        f"signal-after-exec-{rec.id}",
+                    )
             case lc.Kill():
                 rec.signal(lc.SIGKILL)
             case lc.ArmTimer():

@@ -115,11 +115,16 @@ _WRAPPER_NAME = b"\0lattice-wrapper\0"
 _ENTRY_SHELL = f"{_SHELL}\0-c\0{SIGNAL_TRAP}".encode()
 
 
+def wrapper_process(cmdline: bytes) -> bool:
+    """The wrapper, or a fork of it that has not exec'd yet, by /proc/<pid>/cmdline."""
+    return _WRAPPER_NAME in cmdline
+
+
 def agent_shell(cmdline: bytes) -> bool:
     """A process of the job that is the agent's, not the application's, by its
     /proc/<pid>/cmdline: the wrapper or the signal-protocol entrypoint shell, or a fork
     of either that has not exec'd yet (same command line, their traps still set)."""
-    return _WRAPPER_NAME in cmdline or cmdline.startswith(_ENTRY_SHELL)
+    return wrapper_process(cmdline) or cmdline.startswith(_ENTRY_SHELL)
 
 
 # Between the wrapper and the command when the job runs as another user, run by setpriv
