@@ -231,6 +231,10 @@ class ProcessGroup:
         """What ``sig`` would do to its processes (see :func:`signal_disposition`)."""
         return signal_disposition(self.pgid, sig, ours) if self.pgid > 1 else SignalDisposition()
 
+    def unexeced_forks(self, is_wrapper: Callable[[bytes], bool]) -> list[int]:
+        """Forks of the wrapper before their exec (see :func:`unexeced_forks`)."""
+        return unexeced_forks(self.pgid, is_wrapper) if self.pgid > 1 else []
+
     async def signal_after_exec(
         self,
         pids: Iterable[int],

@@ -54,12 +54,7 @@ from lattice_agent.logtail import STREAMS, LogRecord, LogTail, check_stream, tai
 from lattice_agent.oci import OciError, OciStore
 from lattice_agent.oci import parse_ref as parse_image_ref
 from lattice_agent.persist import StateFile, WriteLater, from_entry, to_entry
-from lattice_agent.procgroup import (
-    ProcessGroup,
-    SignalDisposition,
-    become_subreaper,
-    unexeced_forks,
-)
+from lattice_agent.procgroup import ProcessGroup, SignalDisposition, become_subreaper
 from lattice_agent.scratch import Scratch, ScratchError, default_root
 from lattice_agent.spawn import (
     AllocPaths,
@@ -403,9 +398,7 @@ class ProcessRuntime:
                 group = rec.group
                 # a fork of the wrapper before its exec takes the signal in the wrapper's
                 # trap: its command gets it once it has exec'd
-                forks = (
-                    unexeced_forks(group.pgid, wrapper_process) if group and group.pgid > 1 else []
-                )
+                forks = group.unexeced_forks(wrapper_process) if group is not None else []
                 rec.signal(signum)
                 if group is not None and forks:
                     self._spawn_task(
