@@ -132,16 +132,27 @@ class ClusterHandle:
         )
 
     def states_seen(self, alloc_id: str, timeout: float = 20.0) -> list[str]:
-        """Poll an allocation until it ends; the distinct states in order."""
+        """The allocation's distinct states in order, as its watch stream delivers them
+        (every committed change, so a state held for a few milliseconds, as a cached
+        uenv's Staging, is not missed as polling can miss it), until it ends."""
+        url = self.url + f"/api/v1/allocations/{alloc_id}/watch"
+        auth, context = self.cluster.auth_for(url)
+        req = urllib.request.Request(url, headers={"x-lattice-user": self.user, **auth})
         seen: list[str] = []
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            s = self.get(alloc_id)["state"]
-            if not seen or seen[-1] != s:
-                seen.append(s)
-            if s in TERMINAL:
-                return seen
-            time.sleep(0.01)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
+                for raw in resp:
+                    if raw.strip():
+                        s = json.loads(raw)["allocation"]["state"]
+                        if not seen or seen[-1] != s:
+                            seen.append(s)
+                        if s in TERMINAL:
+                            return seen
+                    if time.monotonic() > deadline:
+                        break
+        except OSError as e:  # the read timed out, or the stream broke
+            raise AssertionError(f"{alloc_id}: watch stream ended ({e}; seen {seen})") from None
         raise AssertionError(f"{alloc_id} did not finish within {timeout}s (seen {seen})")
 
     # --- CLI ----------------------------------------------------------------------------
