@@ -15,6 +15,7 @@ of stdout (``emit``). Nothing here asserts a timing: benchmarks measure and prin
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import math
@@ -182,6 +183,26 @@ def _ensure_import_path() -> None:
 _ensure_import_path()
 
 
+_TO_REMOVE: list[Path] = []
+
+
+def remove_at_exit(path: Path) -> None:
+    """Remove ``path`` when this benchmark ends, not now. On ext4 without a journal (and
+    ext2/3) every file created in the next 1-6 minutes skips, one by one, the inodes a
+    removal freed (the kernel's ``recently_deleted``): removing one run's cluster (thousands
+    of files) just before the next run made each job's files there up to 8x dearer to
+    create, so the benchmark's own clean-up was charged to the next run, and to the
+    second side of a comparison."""
+    if not _TO_REMOVE:
+        atexit.register(_remove_all)
+    _TO_REMOVE.append(path)
+
+
+def _remove_all() -> None:
+    while _TO_REMOVE:
+        shutil.rmtree(_TO_REMOVE.pop(), ignore_errors=True)
+
+
 @contextlib.contextmanager
 def dev_cluster(
     *,
@@ -194,7 +215,8 @@ def dev_cluster(
 ) -> Iterator[Any]:
     """A real LocalCluster (lattice-server, scheduler, agents as processes on loopback,
     ephemeral ports, temp dir). Everything it started is stopped on the way out, even
-    when starting failed half-way; the temp dir is removed unless ``keep``."""
+    when starting failed half-way; the temp dir is removed when the benchmark ends
+    (:func:`remove_at_exit`) unless ``keep``."""
     from lattice_cli.devcluster import LocalCluster
 
     base = Path(tempfile.mkdtemp(prefix="lattice-bench-"))
@@ -238,7 +260,7 @@ def dev_cluster(
         if keep:
             log(f"cluster files kept in {base}")
         else:
-            shutil.rmtree(base, ignore_errors=True)
+            remove_at_exit(base)
         if deferred:
             raise SystemExit(128 + deferred)
 
@@ -325,13 +347,22 @@ def count_allocations(cluster: Any, state: str | None = None) -> int:
 _CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """utime + stime of a process (its threads included), from /proc."""
+def cpu_times(pid: int) -> tuple[float, float, float] | None:
+    """(user, kernel, reaped children's user + kernel) seconds of a process, its threads
+    included, from /proc. An agent reaps its jobs' wrappers, and a wrapper its command,
+    so an agent's third figure is the CPU of the jobs it ran."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / _CLK
+    utime, stime, cutime, cstime = (int(f) / _CLK for f in fields[11:15])
+    return utime, stime, cutime + cstime
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of a process (its threads included), from /proc."""
+    times = cpu_times(pid)
+    return None if times is None else times[0] + times[1]
 
 
 def settle_processes(
@@ -374,26 +405,34 @@ class CpuMeter:
         self.self_pid = os.getpid()
         self._t0 = 0.0
         self._c0: dict[str, float | None] = {}
+        self._t0s: dict[str, tuple[float, float, float] | None] = {}
         self.result: dict[str, dict[str, float | None]] = {}
 
     def start(self) -> CpuMeter:
         self._t0 = time.perf_counter()
-        self._c0 = {n: cpu_seconds(p) for n, p in self.pids.items()}
+        self._t0s = {n: cpu_times(p) for n, p in self.pids.items()}
+        self._c0 = {n: None if t is None else t[0] + t[1] for n, t in self._t0s.items()}
         self._c0["this-process"] = time.process_time()
         self._m0 = machine_busy_jiffies()
         return self
 
     def stop(self) -> dict[str, dict[str, float | None]]:
         wall = time.perf_counter() - self._t0
-        now = {n: cpu_seconds(p) for n, p in self.pids.items()}
+        times = {n: cpu_times(p) for n, p in self.pids.items()}
+        now = {n: None if t is None else t[0] + t[1] for n, t in times.items()}
         now["this-process"] = time.process_time()
-        out = {}
+        out: dict[str, dict[str, float | None]] = {}
         for n, c1 in now.items():
             c0 = self._c0.get(n)
             if c0 is None or c1 is None:
                 continue
             used = c1 - c0
             out[n] = {"cpu_s": r(used), "cores": r(used / wall if wall > 0 else 0.0)}
+            t0, t1 = self._t0s.get(n), times.get(n)
+            if t0 is not None and t1 is not None:
+                out[n]["kernel_s"] = r(t1[1] - t0[1])
+                if t1[2] > t0[2]:  # processes it reaped (an agent: its jobs)
+                    out[n]["reaped_children_s"] = r(t1[2] - t0[2])
         b1, t1 = machine_busy_jiffies()
         b0, t0 = self._m0
         ncpu = os.cpu_count() or 1

@@ -59,6 +59,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from _common import remove_at_exit
+
 SBIN = ("/usr/sbin", "/usr/bin")
 
 
@@ -276,7 +278,7 @@ def slurm_cluster(nodes: int, keep: bool = False) -> Iterator[SlurmCluster]:
     finally:
         c.stop()
         if not keep:
-            shutil.rmtree(base, ignore_errors=True)
+            remove_at_exit(base)
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)
 

@@ -22,6 +22,13 @@ Steps, by the vCluster's scheduler type:
   preemptible work goes to idle nodes of other vClusters' pools;
 * preemption: victims for the top blocked allocations.
 
+A hand-over cycle (``shortlist``) considers only the allocations it is given: the head
+of the last full cycle's order and those that arrived since (``loop.Scheduler``). It
+decides proposals and reservations (which busy node runs what next) and nothing else:
+no borrowing, no preemption, no pending reasons. On a full cluster a node hand-over
+happens once per ending job; a full cycle scores and solves the whole queue, so the
+hand-overs of many short jobs cost O(pending) each without it.
+
 ``sensitive-reservation``: nodes are claimed by a user (the quorum records the claim
 when a sensitive allocation is assigned) and serve only that user's sensitive work.
 Each user's allocations go first to that user's idle claimed nodes, then to unclaimed
@@ -92,6 +99,9 @@ class CycleDecision(msgspec.Struct, kw_only=True):
     backfill_depth: int = 0
     nothing_free: bool = False
     cost_seconds: float = 0.0
+    #: a hand-over cycle on a shortlist: ``queue`` is the shortlist's part of the queue,
+    #: ``waiting`` is empty (the reasons stay as the last full cycle published them)
+    shortlisted: bool = False
 
 
 def scheduler_type(m: StateMirror, vc: str) -> SchedulerType:
@@ -215,6 +225,7 @@ def decide_vcluster(
     home_pools: Collection[str] | None = None,
     budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
     reserve_busy: bool = False,
+    shortlist: Collection[str] | None = None,
 ) -> CycleDecision:
     """One vCluster's part of a scheduling cycle on the mirror ``m`` at ``now`` (see the
     module docstring). Pure: reads ``m``, changes nothing.
@@ -228,11 +239,15 @@ def decide_vcluster(
     defaults to a model built from ``m.nodes``. ``home_pools``: the set of nodes'
     ``home_vcluster`` values when the caller knows it (lets borrowing and reclaiming
     skip a scan of every node when no other pool exists; the outcome is the same).
-    ``budget_period_days``: the budget ledger's window (``scheduling.budget_period_days``)."""
+    ``budget_period_days``: the budget ledger's window (``scheduling.budget_period_days``).
+    ``shortlist``: a hand-over cycle on these allocations only (the module docstring);
+    the task-group and mutex limits are still those of the whole queue."""
     policy = preemption_policy or PreemptionPolicy()
     if exclude is None:
         exclude = held_back_ids(m)
     pending, holding, limited = queue(m, vc, exclude)
+    if shortlist is not None:
+        return _shortlisted(m, vc, now, pending, holding, shortlist, topology, budget_period_days)
     if not pending:  # every pending one is held by a limit: say why
         return CycleDecision(waiting=list(limited))
     kind = scheduler_type(m, vc)
@@ -301,6 +316,49 @@ def decide_vcluster(
         scores=scores,
         backfill_depth=depth,
         cost_seconds=cost_seconds,
+    )
+
+
+def _shortlisted(
+    m: StateMirror,
+    vc: str,
+    now: float,
+    pending: list[Allocation],
+    holding: list[Allocation],
+    shortlist: Collection[str],
+    topology: TopologyModel | None,
+    budget_period_days: float,
+) -> CycleDecision:
+    """A hand-over cycle: the full cycle's solve step on the shortlisted part of the queue
+    (an ``hpc-backfill`` or ``service-binpack`` vCluster; the callers make full cycles
+    for the others)."""
+    pending = [a for a in pending if a.id in shortlist]
+    if not pending:
+        return CycleDecision(shortlisted=True)
+    if topology is None:
+        topology = TopologyModel.from_nodes(m.nodes)
+    depth = backfill_depth(m, vc)
+    ctx = cost.build_context(m, now, vcluster=vc, budget_period_days=budget_period_days)
+    result = solve(
+        pending,
+        m.nodes,
+        holding,
+        score=scorer(m, vc, now, ctx),
+        now=now,
+        backfill_depth=depth,
+        vcluster=vc,
+        tenants=m.tenants,
+        topology=topology,
+    )
+    proposals, _ = shrink_ranges(m, vc, pending, list(result.proposals), list(result.pending), now)
+    reservations = list(result.reservations)
+    return CycleDecision(
+        proposals=prefer_intra_node(m, vc, proposals, reservations, topology),
+        reservations=reservations,
+        queue=pending,
+        scores=dict(result.scores),
+        backfill_depth=depth,
+        shortlisted=True,
     )
 
 

@@ -4,6 +4,11 @@ Stateless by design: everything it knows comes from the quorum's watch-state str
 (snapshot, then deltas) into a StateMirror, so a restart loses nothing. A cycle runs
 every ``cycle_interval`` and at once when a new Pending allocation of one of its
 vClusters shows up in the stream (that is how a submission "pokes" the scheduler).
+A node handed to its next allocation pokes a hand-over cycle instead: only the head
+of the last full cycle's order and what became Pending since are considered
+(``decide``'s shortlist), to give the node the allocation after that; a full cycle
+still runs at least every ``cycle_interval`` and on every other poke, and a change of
+order among the rest of the queue (aging, a changed priority) is seen by the next one.
 Assignments carry the revision they were decided on; the quorum rejects stale or
 conflicting ones and the allocation is simply tried again next cycle.
 """
@@ -20,7 +25,14 @@ from lattice_common import commands as c
 from lattice_common import ledger
 from lattice_common.errors import LatticeError
 from lattice_common.rpc import RemoteQuorum
-from lattice_common.types import ESTIMATE_NOW, Allocation, AllocationState, Node, StartEstimate
+from lattice_common.types import (
+    ESTIMATE_NOW,
+    Allocation,
+    AllocationState,
+    Node,
+    SchedulerType,
+    StartEstimate,
+)
 from lattice_common.watch import StateMirror
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -43,6 +55,12 @@ CYCLE = Histogram(
 QUEUE_DEPTH = Gauge("lattice_scheduling_queue_depth", "Number of pending allocations", ["vcluster"])
 PROPOSALS = Counter(
     "lattice_scheduling_proposals_total", "Proposals sent to quorum", ["vcluster", "result"]
+)
+HANDOVER_CYCLE = Histogram(
+    "lattice_scheduling_handover_cycle_duration_seconds",
+    "Time to complete one hand-over cycle (the head of the queue only)",
+    ["vcluster"],
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
 )
 COST_DURATION = Histogram(
     "lattice_scheduling_cost_function_duration_seconds",
@@ -129,6 +147,13 @@ class Scheduler:
         self.synced = asyncio.Event()
         self._poke = asyncio.Event()
         self._reserve_busy = False  # the next cycle reserves even when no node is free
+        # hand-over cycles: the last full cycle's order per vCluster and how far into
+        # it that cycle reserved; what became Pending since; whether a full cycle is due
+        self._ranked: dict[str, list[str]] = {}
+        self._reach: dict[str, int] = {}
+        self._arrived: set[str] = set()
+        self._full_due = True
+        self._last_full = -math.inf
         # allocation id -> revision at which our assignment committed; skipped until the
         # mirror has caught up to it (no double proposals from a stale view)
         self._inflight: dict[str, int] = {}
@@ -147,7 +172,10 @@ class Scheduler:
         # reactive allocations: evaluated on their own tick, beside the cycles
         self.autoscaler = autoscaler
 
-    def poke(self) -> None:
+    def poke(self, *, handover: bool = False) -> None:
+        """Run a cycle now: a full one unless every poke since the last was a hand-over."""
+        if not handover:
+            self._full_due = True
         self._poke.set()
 
     async def run(self) -> None:
@@ -164,7 +192,9 @@ class Scheduler:
                     await asyncio.wait_for(self._poke.wait(), self.cycle_interval)
                 self._poke.clear()
                 await self._stop_estimating()
-                await self.cycle()
+                full = self._full_due or time.monotonic() - self._last_full >= self.cycle_interval
+                self._full_due = False
+                await self.cycle(full=full)
                 if self._simulations:
                     self._estimating = asyncio.create_task(self._estimate(), name="estimates")
         finally:
@@ -197,6 +227,7 @@ class Scheduler:
                     handed = not delta.snapshot and self._handed_over(delta.nodes)
                     if not delta.snapshot:
                         self._observe_preemptions(delta.allocations)
+                        self._note_arrivals(delta.allocations)
                     self.mirror.apply(delta)
                     if self.trace is not None:
                         self.trace.observe(delta)
@@ -206,7 +237,7 @@ class Scheduler:
                     elif handed:
                         # a node went to its next allocation: queue the one after it
                         self._reserve_busy = True
-                        self.poke()
+                        self.poke(handover=True)
                     elif any(n.schedulable for n in delta.nodes) or (
                         any(
                             a.state == AllocationState.PENDING and a.spec.vcluster in self.vclusters
@@ -225,6 +256,50 @@ class Scheduler:
                 log.exception("watch-state stream failed; reconnecting")
             await asyncio.sleep(self.reconnect_delay)
 
+    def _note_arrivals(self, changed: list[Allocation]) -> None:
+        """Allocations that became eligible Pending (submitted, requeued, released from a
+        hold) since the last full cycle: every hand-over cycle considers them."""
+        allocs = self.mirror.allocations
+        for a in changed:
+            if a.state != AllocationState.PENDING or a.held:
+                continue
+            prev = allocs.get(a.id)
+            if prev is None or prev.state != AllocationState.PENDING or prev.held:
+                self._arrived.add(a.id)
+
+    def _shortlist(self, vc: str) -> set[str] | None:
+        """What a hand-over cycle of ``vc`` considers: the first still-Pending ones of the
+        last full cycle's order, as many as it reached with its reservations plus the
+        backfill depth, and the arrivals since. None: a full cycle is needed (no order
+        yet, a free node, a sensitive vCluster)."""
+        ranked = self._ranked.get(vc)
+        m = self.mirror
+        if (
+            ranked is None
+            or self._capacity_free()
+            or decide.scheduler_type(m, vc) == SchedulerType.SENSITIVE_RESERVATION
+        ):
+            return None
+        want = self._reach.get(vc, 0) + decide.backfill_depth(m, vc)
+        pending = m.pending
+        head: set[str] = set()
+        for i in ranked:
+            if len(head) >= want:
+                break
+            if i in pending:
+                head.add(i)
+        return head | {i for i in self._arrived if i in pending}
+
+    def _rank(self, vc: str, d: decide.CycleDecision) -> None:
+        """Keep a full cycle's order for the hand-over cycles until the next full one."""
+        if not d.scores:
+            self._ranked.pop(vc, None)
+            return
+        ranked = list(decide.solver_order([a for a in d.queue if a.id in d.scores], d.scores))
+        reserved = {r.allocation_id for r in d.reservations}
+        self._ranked[vc] = ranked
+        self._reach[vc] = max((i + 1 for i, a in enumerate(ranked) if a in reserved), default=0)
+
     def _handed_over(self, nodes: list[Node]) -> bool:
         """A node of this scheduler's vClusters lost its next allocation (a hand-over,
         or the entry dropped as stale)."""
@@ -239,9 +314,14 @@ class Scheduler:
                 return True
         return False
 
-    async def cycle(self) -> None:
+    async def cycle(self, *, full: bool = True) -> None:
+        """One cycle over every vCluster; ``full`` False: a hand-over cycle where one can
+        be (``_shortlist``)."""
         rev = self.mirror.revision
         reserve_busy, self._reserve_busy = self._reserve_busy, False
+        if full:
+            self._last_full = time.monotonic()
+            self._arrived = set()
         self._inflight = {k: v for k, v in self._inflight.items() if v > rev}
         m = self.mirror
         now = time.time()
@@ -259,7 +339,13 @@ class Scheduler:
                 exclude=exclude,
                 budget_period_days=self.budget_period_days,
                 reserve_busy=reserve_busy,
+                shortlist=None if full else self._shortlist(vc),
             )
+            if d.shortlisted:
+                await self._hand_over_cycle(vc, d, rev)
+                HANDOVER_CYCLE.labels(vc).observe(time.perf_counter() - t0)
+                continue
+            self._rank(vc, d)
             QUEUE_DEPTH.labels(vc).set(len(d.queue))
             if d.queue and not d.nothing_free:
                 COST_DURATION.labels(vc).observe(d.cost_seconds)
@@ -276,6 +362,11 @@ class Scheduler:
             CYCLE.labels(vc).observe(time.perf_counter() - t0)
             if self.estimates and d.queue:
                 self._simulations.append((vc, now, d))
+
+    async def _hand_over_cycle(self, vc: str, d: decide.CycleDecision, rev: int) -> None:
+        if d.proposals:
+            await self._assign(vc, d.proposals, rev)
+        await self._queue_next(vc, d, d.proposals)
 
     async def _assign(self, vc: str, proposals: list[Proposal], rev: int) -> None:
         batch = c.Batch(
