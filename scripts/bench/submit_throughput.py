@@ -140,9 +140,7 @@ async def _client_proc(
 
 def _worker(args: tuple[Any, ...]) -> dict[str, Any]:
     address, n_clients, quota, tenant, vcluster, start = args
-    import uvloop
-
-    return uvloop.run(_client_proc(address, n_clients, quota, tenant, vcluster, start))
+    return asyncio.run(_client_proc(address, n_clients, quota, tenant, vcluster, start))
 
 
 def one_run(cluster: Any, *, total: int, clients: int, procs: int, profile: Any) -> dict[str, Any]:
