@@ -158,3 +158,31 @@ def test_a_free_node_or_no_full_cycle_yet_means_a_full_cycle() -> None:
     assert s._shortlist("v") is not None
     s.mirror.nodes["n3"] = b.node("n3")  # a free node: borrowing, reasons, backfill
     assert s._shortlist("v") is None
+
+
+def test_a_limit_that_needs_the_whole_queue_makes_it_a_full_cycle() -> None:
+    from lattice_common.types import Dependency
+
+    nodes, running = busy_cluster(2)
+    first = b.allocation(id="first", vcluster="v", submitted_at=NOW - 90)
+    first.spec.depends_on = [Dependency(ref="solo", condition="singleton")]
+    second = b.allocation(id="second", vcluster="v", submitted_at=NOW - 80)
+    second.spec.depends_on = [Dependency(ref="solo", condition="singleton")]
+    m = mirror(nodes, [*running, first, second])
+    # only the later one shortlisted: alone it would follow, ahead of its mutex twin
+    d = decide.decide_vcluster(m, "v", NOW, reserve_busy=True, shortlist={"second"})
+    assert not d.shortlisted
+    assert "first" in _queued(m, d).values() and "second" not in _queued(m, d).values()
+
+
+def test_a_preempted_job_held_back_for_its_preemptor_is_not_shortlisted() -> None:
+    nodes, running = busy_cluster(1)
+    preemptor = b.allocation(id="p", vcluster="v", submitted_at=NOW - 10)
+    victim = b.allocation(id="victim", vcluster="v", submitted_at=NOW - 500)
+    victim.preempted_by = "p"
+    m = mirror(nodes, [*running, preemptor, victim])
+    d = decide.decide_vcluster(
+        m, "v", NOW, reserve_busy=True, shortlist={"p", "victim"}, exclude=()
+    )
+    assert d.shortlisted and [a.id for a in d.queue] == ["p"]
+    assert _queued(m, d) == {"n0": "p"}

@@ -102,6 +102,8 @@ class CycleDecision(msgspec.Struct, kw_only=True):
     #: a hand-over cycle on a shortlist: ``queue`` is the shortlist's part of the queue,
     #: ``waiting`` is empty (the reasons stay as the last full cycle published them)
     shortlisted: bool = False
+    #: the scoring context the solver used (hand-over cycles reuse a full cycle's)
+    context: cost.ScoringContext | None = None
 
 
 def scheduler_type(m: StateMirror, vc: str) -> SchedulerType:
@@ -226,6 +228,7 @@ def decide_vcluster(
     budget_period_days: float = ledger.DEFAULT_BUDGET_PERIOD_DAYS,
     reserve_busy: bool = False,
     shortlist: Collection[str] | None = None,
+    context: cost.ScoringContext | None = None,
 ) -> CycleDecision:
     """One vCluster's part of a scheduling cycle on the mirror ``m`` at ``now`` (see the
     module docstring). Pure: reads ``m``, changes nothing.
@@ -240,14 +243,20 @@ def decide_vcluster(
     ``home_vcluster`` values when the caller knows it (lets borrowing and reclaiming
     skip a scan of every node when no other pool exists; the outcome is the same).
     ``budget_period_days``: the budget ledger's window (``scheduling.budget_period_days``).
-    ``shortlist``: a hand-over cycle on these allocations only (the module docstring);
-    the task-group and mutex limits are still those of the whole queue."""
+    ``shortlist``: a hand-over cycle on these allocations only (the module docstring),
+    scored with ``context`` (the last full cycle's, its ``now`` moved on) when given; a
+    full cycle when one of them has a task-group or mutex limit, which depends on the
+    whole queue. The held-back preempted allocations are left out of the shortlist here
+    (``exclude`` need not list them)."""
     policy = preemption_policy or PreemptionPolicy()
     if exclude is None:
         exclude = held_back_ids(m)
-    pending, holding, limited = queue(m, vc, exclude)
     if shortlist is not None:
-        return _shortlisted(m, vc, now, pending, holding, shortlist, topology, budget_period_days)
+        short = _shortlist_queue(m, vc, exclude, shortlist)
+        if short is not None:
+            return _shortlisted(m, vc, now, *short, topology, context, budget_period_days)
+        exclude = {*exclude, *held_back_ids(m)}  # a full cycle after all
+    pending, holding, limited = queue(m, vc, exclude)
     if not pending:  # every pending one is held by a limit: say why
         return CycleDecision(waiting=list(limited))
     kind = scheduler_type(m, vc)
@@ -316,7 +325,27 @@ def decide_vcluster(
         scores=scores,
         backfill_depth=depth,
         cost_seconds=cost_seconds,
+        context=ctx,
     )
+
+
+def _shortlist_queue(
+    m: StateMirror, vc: str, exclude: Collection[str], shortlist: Collection[str]
+) -> tuple[list[Allocation], list[Allocation]] | None:
+    """``queue`` for a hand-over cycle: the shortlisted allocations still eligible and
+    the allocations holding nodes; None when a limit needs the whole queue."""
+    allocs = m.allocations
+    pending: list[Allocation] = []
+    for i in shortlist:
+        a = allocs.get(i)
+        if a is None or i not in m.pending or a.spec.vcluster != vc or a.held or i in exclude:
+            continue
+        if (p := a.preempted_by) and p in allocs and allocs[p].state == AllocationState.PENDING:
+            continue  # held back (held_back_ids)
+        if a.spec.depends_on or (a.task_group_id and a.task_group_concurrency):
+            return None
+        pending.append(starting_size(a))
+    return pending, [allocs[i] for i in m.holding]
 
 
 def _shortlisted(
@@ -325,20 +354,22 @@ def _shortlisted(
     now: float,
     pending: list[Allocation],
     holding: list[Allocation],
-    shortlist: Collection[str],
     topology: TopologyModel | None,
+    context: cost.ScoringContext | None,
     budget_period_days: float,
 ) -> CycleDecision:
     """A hand-over cycle: the full cycle's solve step on the shortlisted part of the queue
     (an ``hpc-backfill`` or ``service-binpack`` vCluster; the callers make full cycles
     for the others)."""
-    pending = [a for a in pending if a.id in shortlist]
     if not pending:
         return CycleDecision(shortlisted=True)
     if topology is None:
         topology = TopologyModel.from_nodes(m.nodes)
     depth = backfill_depth(m, vc)
-    ctx = cost.build_context(m, now, vcluster=vc, budget_period_days=budget_period_days)
+    if context is None:
+        ctx = cost.build_context(m, now, vcluster=vc, budget_period_days=budget_period_days)
+    else:
+        ctx = msgspec.structs.replace(context, now=now)
     result = solve(
         pending,
         m.nodes,
@@ -359,6 +390,7 @@ def _shortlisted(
         scores=dict(result.scores),
         backfill_depth=depth,
         shortlisted=True,
+        context=ctx,
     )
 
 

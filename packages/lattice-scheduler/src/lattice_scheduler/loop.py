@@ -36,7 +36,7 @@ from lattice_common.types import (
 from lattice_common.watch import StateMirror
 from prometheus_client import Counter, Gauge, Histogram
 
-from lattice_scheduler import decide, estimate
+from lattice_scheduler import cost, decide, estimate
 from lattice_scheduler.autoscaler import Autoscaler
 from lattice_scheduler.handoff import next_allocations
 from lattice_scheduler.preemption import PreemptionPolicy
@@ -151,6 +151,7 @@ class Scheduler:
         # it that cycle reserved; what became Pending since; whether a full cycle is due
         self._ranked: dict[str, list[str]] = {}
         self._reach: dict[str, int] = {}
+        self._context: dict[str, cost.ScoringContext] = {}
         self._arrived: set[str] = set()
         self._full_due = True
         self._last_full = -math.inf
@@ -292,9 +293,10 @@ class Scheduler:
 
     def _rank(self, vc: str, d: decide.CycleDecision) -> None:
         """Keep a full cycle's order for the hand-over cycles until the next full one."""
-        if not d.scores:
+        if not d.scores or d.context is None:
             self._ranked.pop(vc, None)
             return
+        self._context[vc] = d.context
         ranked = list(decide.solver_order([a for a in d.queue if a.id in d.scores], d.scores))
         reserved = {r.allocation_id for r in d.reservations}
         self._ranked[vc] = ranked
@@ -326,20 +328,26 @@ class Scheduler:
         m = self.mirror
         now = time.time()
         topology = TopologyModel.from_nodes(m.nodes) if m.pending else None
-        exclude = decide.held_back_ids(m) | set(self._inflight)
+        inflight = set(self._inflight)
+        exclude: set[str] | None = None  # + the held-back ones: a scan of the queue
         self._simulations = []
         for vc in self.vclusters:
             t0 = time.perf_counter()
+            shortlist = None if full else self._shortlist(vc)
+            if shortlist is None and exclude is None:
+                exclude = decide.held_back_ids(m) | inflight
             d = decide.decide_vcluster(
                 m,
                 vc,
                 now,
                 topology=topology,
                 preemption_policy=self.preemption_policy,
-                exclude=exclude,
+                # (a hand-over cycle leaves the held-back ones out itself)
+                exclude=inflight if shortlist is not None else exclude,
                 budget_period_days=self.budget_period_days,
                 reserve_busy=reserve_busy,
-                shortlist=None if full else self._shortlist(vc),
+                shortlist=shortlist,
+                context=self._context.get(vc),
             )
             if d.shortlisted:
                 await self._hand_over_cycle(vc, d, rev)
