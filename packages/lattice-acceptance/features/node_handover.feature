@@ -34,3 +34,14 @@ Feature: The next job in line takes a node the moment the job before it ends
     And the node shows the second waiting job as its next allocation
     And the server has sent the node's agent four desired states: an idle node, the first job, the node idle again, the job that took it
     And the server's metrics count the queued next job as a change that left the agent's work as it was
+
+  Scenario: A job submitted while the node is busy is weighed at the next hand-over, not only at the periodic cycle
+    Given a Lattice cluster with 1 node whose scheduler cycles by itself only once a minute, running a job until released
+    And two jobs that run until released waiting behind it
+    When the running job is released
+    Then the first waiting job runs on the node
+    And the node shows the second waiting job as its next allocation
+    When a job of a higher preemption class that runs until released is submitted
+    And the first waiting job is released
+    Then the second waiting job runs on the node, started by the commit that ended the first
+    And the node shows the higher-class job as its next allocation well before the periodic cycle

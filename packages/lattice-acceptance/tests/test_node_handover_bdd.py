@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.request
 from typing import Any
 
@@ -33,6 +34,15 @@ def the_node(world: World) -> dict[str, Any]:
 @given("a Lattice cluster with 1 node running a job until released")
 def one_busy_node(world: World) -> None:
     world.start_cluster(1)
+    world.wait_running(world.submit("first", directives=("--walltime=10m",), until_released=True))
+
+
+@given(
+    "a Lattice cluster with 1 node whose scheduler cycles by itself only once a minute, "
+    "running a job until released"
+)
+def one_busy_node_slow_cycle(world: World) -> None:
+    world.start_cluster(1, cycle_interval=60.0)
     world.wait_running(world.submit("first", directives=("--walltime=10m",), until_released=True))
 
 
@@ -104,6 +114,11 @@ def watches() -> dict[str, Watch]:
     return {}
 
 
+@pytest.fixture
+def submitted_at() -> dict[str, float]:
+    return {}
+
+
 @then("the second waiting job runs on the node, started by the commit that ended the first")
 def third_follows(world: World, watches: dict[str, Watch]) -> None:
     ended = world.wait_end("second")
@@ -165,3 +180,25 @@ def four_sent(world: World) -> None:
 )
 def counted_unchanged(world: World) -> None:
     assert world.server_metric("lattice_api_desired_state_unchanged_total") >= 1
+
+
+@when("a job of a higher preemption class that runs until released is submitted")
+def urgent_submitted(world: World, submitted_at: dict[str, float]) -> None:
+    submitted_at["urgent"] = time.monotonic()
+    world.submit(
+        "urgent", directives=("--walltime=10m", "--preemption-class=5"), until_released=True
+    )
+    assert world.get("urgent")["state"] == "Pending"
+
+
+@then("the node shows the higher-class job as its next allocation well before the periodic cycle")
+def urgent_next(world: World, submitted_at: dict[str, float]) -> None:
+    # the only cycles in the last minute were pokes: the hand-over's weighs what arrived
+    # since the last full one, so the urgent job goes ahead of the third one
+    urgent = world.jobs["urgent"].id
+    world.cluster.wait_for(
+        "the urgent job as the node's next allocation",
+        lambda: the_node(world).get("next_allocation") == urgent,
+        timeout=20,
+    )
+    assert time.monotonic() - submitted_at["urgent"] < 30

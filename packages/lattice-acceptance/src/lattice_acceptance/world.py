@@ -96,11 +96,14 @@ class World:
         count: int,
         vclusters: tuple[str, ...] = ("default",),
         agent_homes: tuple[str, ...] = (),
+        cycle_interval: float | None = None,
     ) -> None:
         """A cluster of ``count`` Ready, unowned nodes with these vClusters (and, with
-        ``agent_homes``, the home vCluster of each node in order)."""
+        ``agent_homes``, the home vCluster of each node in order); ``cycle_interval``:
+        the schedulers' periodic cycle (the harness's 1 s when None)."""
+        extra = {} if cycle_interval is None else {"cycle_interval": cycle_interval}
         self._cluster = self.make(
-            members=1, agents=count, vclusters=vclusters, agent_homes=agent_homes
+            members=1, agents=count, vclusters=vclusters, agent_homes=agent_homes, **extra
         )
         self.check_nodes(count)
         if vclusters != ("default",):
