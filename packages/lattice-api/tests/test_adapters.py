@@ -53,6 +53,20 @@ async def test_submit_over_both_transports(served: Any) -> None:
     assert from_message(res.allocations[0], Allocation).id == stored.id
 
 
+async def test_a_bulk_submitter_gets_the_ids_alone_over_both_transports(served: Any) -> None:
+    api, _w, rest, channel = served
+    body = {"entrypoint": "echo hi", "tenant": "physics", "vcluster": "batch", "walltime": "1h"}
+    status, out = await rest.call("POST", "/api/v1/allocations", ALICE, body, ids_only="true")
+    assert status == 201 and set(out) == {"allocation_ids"}
+    assert api.quorum.state.allocations[out["allocation_ids"][0]].spec.user == "alice"
+    spec = to_message(World.spec("ignored"), v1.AllocationSpec)
+    res = await grpc(channel, ALICE).alloc.submit(v1.SubmitRequest(allocation=spec, ids_only=True))
+    assert len(res.allocation_ids) == 1 and res.allocations == []
+    assert res.allocation_ids[0] in api.quorum.state.allocations  # stored all the same
+    full = await grpc(channel, ALICE).alloc.submit(v1.SubmitRequest(allocation=spec))
+    assert [a.id for a in full.allocations] == full.allocation_ids
+
+
 async def test_task_groups_over_both_transports(served: Any) -> None:
     _api, _w, rest, channel = served
     body = {"entrypoint": "x", "tenant": "physics", "vcluster": "batch", "walltime": "1h"}

@@ -46,6 +46,12 @@ def dag_body(spec: v1.DagSpec) -> dict[str, Any]:
     return {"name": spec.name, "allocations": members, "request_id": spec.request_id}
 
 
+def _as_committed(allocations: list[Any], ids_only: bool) -> list[v1.Allocation]:
+    """SubmitResponse.allocations: none when the caller asked for the ids alone (the
+    conversion and the encoding of each record are most of a bulk submitter's answer)."""
+    return [] if ids_only else [to_message(a, v1.Allocation) for a in allocations]
+
+
 class AllocationService(v1.AllocationServiceBase):
     def __init__(
         self,
@@ -90,7 +96,7 @@ class AllocationService(v1.AllocationServiceBase):
             return v1.SubmitResponse(
                 dag_id=res.dag.id,
                 allocation_ids=[a.id for a in res.allocations],
-                allocations=[to_message(a, v1.Allocation) for a in res.allocations],
+                allocations=_as_committed(res.allocations, message.ids_only),
             )
         if message.allocation is None:
             raise ValidationError(
@@ -98,7 +104,9 @@ class AllocationService(v1.AllocationServiceBase):
                 hint="Set one of SubmitRequest's allocation, dag or task_group.",
             )
         a = await self.ops.submit(who(), to_body(message.allocation))
-        return v1.SubmitResponse(allocation_ids=[a.id], allocations=[to_message(a, v1.Allocation)])
+        return v1.SubmitResponse(
+            allocation_ids=[a.id], allocations=_as_committed([a], message.ids_only)
+        )
 
     async def get(self, message: v1.GetAllocationRequest) -> v1.Allocation:
         # from the history store once it left the quorum (lattice_common.history)

@@ -68,7 +68,10 @@ def add_routes(router: web.UrlDispatcher, ops: Operations) -> None:
                 },
                 status=201,
             )
-        return json_response(await allocs.submit(who(request), body), status=201)
+        a = await allocs.submit(who(request), body)
+        if query_flag(request.query, "ids_only"):  # as gRPC's SubmitRequest.ids_only
+            return json_response({"allocation_ids": [a.id]}, status=201)
+        return json_response(a, status=201)
 
     async def list_allocations(request: web.Request) -> web.Response:
         q = request.query

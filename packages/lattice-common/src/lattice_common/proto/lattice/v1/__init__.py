@@ -5739,6 +5739,11 @@ class SubmitRequest(betterproto2.Message):
     validate and estimate the start, store nothing (sbatch --test-only)
     """
 
+    ids_only: "bool" = betterproto2.field(5, betterproto2.TYPE_BOOL)
+    """
+    answer with the ids alone, no allocations (a bulk submitter, as sbatch --parsable)
+    """
+
 
 default_message_pool.register_message("lattice.v1", "SubmitRequest", SubmitRequest)
 
@@ -5764,7 +5769,7 @@ class SubmitResponse(betterproto2.Message):
         4, betterproto2.TYPE_MESSAGE, repeated=True
     )
     """
-    the created allocations as committed, same order as allocation_ids
+    the created allocations as committed, same order as allocation_ids (none with ids_only)
     """
 
     estimate: "StartEstimate | None" = betterproto2.field(
