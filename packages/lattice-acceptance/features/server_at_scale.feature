@@ -4,7 +4,8 @@ Feature: The server's cost stays flat as its state grows
   nothing committed, longer than a Raft election timeout at 100,000 allocations), and
   turning records into gRPC messages through generic dictionaries (half the server's
   CPU per submission). The collector now leaves the long-lived records out of its walks
-  and shows its pauses to operators; messages are built directly, exactly as before.
+  and shows its pauses to operators; messages are built directly, exactly as before, and
+  a bulk submitter may ask for the ids alone.
 
   The cluster is real: one quorum member and two node agents, shared by the scenarios.
 
@@ -17,4 +18,10 @@ Feature: The server's cost stays flat as its state grows
     Given a running Lattice cluster with 2 nodes
     When the user submits a job with environment variables and tags over gRPC
     Then the answer carries the allocation's id, entrypoint, environment and tags
+    And lattice status of that allocation shows the same entrypoint, environment and tags
+
+  Scenario: A bulk submitter asks for the ids alone, and the job is stored and runs all the same
+    Given a running Lattice cluster with 2 nodes
+    When the user submits a job with environment variables and tags over gRPC, asking for the ids alone
+    Then the answer carries the allocation's id and no allocation
     And lattice status of that allocation shows the same entrypoint, environment and tags

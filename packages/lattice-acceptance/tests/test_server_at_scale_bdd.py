@@ -1,6 +1,7 @@
 """Steps for features/server_at_scale.feature: the collector's pauses on the server's
 /metrics, and a gRPC submission answered with the allocation exactly as stored (the
-messages are built by the plan in ``lattice_common.wire``). The shared module cluster
+messages are built by the plan in ``lattice_common.wire``) or, asked for, with its id
+alone. The shared module cluster
 runs in development authentication, so gRPC names its user with ``x-lattice-user``."""
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def collector_metrics(metrics_text: str) -> None:
         assert float(value.rsplit(" ", 1)[1]) >= 0
 
 
-async def _submit_over_grpc(world: World) -> v1.SubmitResponse:
+async def _submit_over_grpc(world: World, *, ids_only: bool = False) -> v1.SubmitResponse:
     host, port = split_host_port(world.cluster.cluster.grpc_endpoints.split(",")[0])
     channel = Channel(host, port)
     try:
@@ -66,7 +67,7 @@ async def _submit_over_grpc(world: World) -> v1.SubmitResponse:
             env=ENV,
             tags=TAGS,
         )
-        return await stub.submit(v1.SubmitRequest(allocation=spec))
+        return await stub.submit(v1.SubmitRequest(allocation=spec, ids_only=ids_only))
     finally:
         channel.close()
 
@@ -79,6 +80,23 @@ def submit_over_grpc(world: World) -> v1.SubmitResponse:
     answer = asyncio.run(_submit_over_grpc(world))
     world.cluster.wait_state(answer.allocation_ids[0], ("Completed",), timeout=60)
     return answer
+
+
+@when(
+    "the user submits a job with environment variables and tags over gRPC, asking for the "
+    "ids alone",
+    target_fixture="answer",
+)
+def submit_ids_only(world: World) -> v1.SubmitResponse:
+    answer = asyncio.run(_submit_over_grpc(world, ids_only=True))
+    world.cluster.wait_state(answer.allocation_ids[0], ("Completed",), timeout=60)
+    return answer
+
+
+@then("the answer carries the allocation's id and no allocation")
+def answer_ids_only(answer: v1.SubmitResponse) -> None:
+    assert len(answer.allocation_ids) == 1 and answer.allocation_ids[0]
+    assert answer.allocations == []
 
 
 @then("the answer carries the allocation's id, entrypoint, environment and tags")
