@@ -26,8 +26,8 @@ steps over recently freed inodes at every create) than on tmpfs. Slurm anchor
 (``_slurm.py``; ``--no-slurm`` skips it, and it is skipped where slurm-wlm cannot be
 installed): Debian's tuned slurmctld with as many slurmd nodes as agents runs the same
 number of ``sbatch --wrap true`` jobs (``--concurrency`` concurrent sbatch loops) in the
-same invocation, first submit until none is pending, running or completing;
-``slurm_jobs_per_s`` and ``ratio_to_slurm`` per agent count in ``by_agents``, the top
+same invocation, first submit until none is pending, running or completing, as many
+runs as Lattice gets on one Slurm cluster (their median); ``slurm_jobs_per_s`` and ``ratio_to_slurm`` per agent count in ``by_agents``, the top
 level for the first count.
 
     uv run python scripts/bench/job_throughput.py [--runs N] [--jobs N] [--agents 2,8] [--quick]
@@ -317,6 +317,7 @@ def main() -> None:
             jobs=n_jobs,
             measure_submit=False,
             e2e_clients=args.concurrency,
+            e2e_runs=n_runs,  # the median of as many runs as Lattice gets
             keep=args.keep,
         )
         log(f"Slurm: {slurm.get('jobs_per_s') or slurm.get('reason')}")

@@ -31,7 +31,8 @@ over the empty cluster's (goal >= 0.9).
 
 Slurm anchor (``_slurm.py``, skipped with ``--no-slurm`` or where slurm-wlm cannot be
 installed): Debian's slurmctld on this machine, ``--clients`` concurrent ``sbatch --hold
---wrap true`` loops for 10 s, measured in the same invocation before the Lattice
+--wrap true`` loops for 10 s, as many windows as ``--runs`` (their median), measured in
+the same invocation before the Lattice
 clusters start; ``ratio_to_slurm`` = the empty cluster's rate / Slurm's (goal >= 4).
 
     uv run python scripts/bench/submit_throughput.py [--runs N] [--quick] [--existing 0,20000]
@@ -346,6 +347,7 @@ def main() -> None:
             jobs=0,
             submit_clients=args.clients,
             submit_seconds=args.slurm_seconds or (2.0 if args.quick else 10.0),
+            submit_windows=1 if args.quick else n_runs,
             keep=args.keep,
         )
         log(f"Slurm: {slurm.get('par_submits_per_s') or slurm.get('reason')}")
