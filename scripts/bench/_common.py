@@ -194,11 +194,12 @@ def remove_at_exit(path: Path) -> None:
     create, so the benchmark's own clean-up was charged to the next run, and to the
     second side of a comparison."""
     if not _TO_REMOVE:
-        atexit.register(_remove_all)
+        atexit.register(remove_registered)
     _TO_REMOVE.append(path)
 
 
-def _remove_all() -> None:
+def remove_registered() -> None:
+    """What :func:`remove_at_exit` was given, now (at exit, or a test that checks it)."""
     while _TO_REMOVE:
         shutil.rmtree(_TO_REMOVE.pop(), ignore_errors=True)
 
