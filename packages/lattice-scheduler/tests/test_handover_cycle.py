@@ -51,6 +51,7 @@ def test_the_shortlist_gives_busy_nodes_what_the_full_cycle_gives_them(jobs, bus
     m = mirror(nodes, [*running, *waiting])
     full = decide.decide_vcluster(m, "v", NOW, reserve_busy=True)
     ranked = decide.solver_order([a for a in full.queue if a.id in full.scores], full.scores)
+    assert list(ranked) == full.order  # what the loop keeps between full cycles
     reserved = {r.allocation_id for r in full.reservations}
     reach = max((i + 1 for i, a in enumerate(ranked) if a in reserved), default=0)
     head = set(ranked[: reach + decide.backfill_depth(m, "v")])

@@ -104,6 +104,8 @@ class CycleDecision(msgspec.Struct, kw_only=True):
     shortlisted: bool = False
     #: the scoring context the solver used (hand-over cycles reuse a full cycle's)
     context: cost.ScoringContext | None = None
+    #: the solver's order of the queue (empty for sensitive-reservation)
+    order: list[str] = msgspec.field(default_factory=list)
 
 
 def scheduler_type(m: StateMirror, vc: str) -> SchedulerType:
@@ -290,6 +292,7 @@ def decide_vcluster(
     if kind == SchedulerType.SENSITIVE_RESERVATION:
         proposals, waiting, scores = _sensitive(m, vc, pending, holding, score, now)
         reservations: list[Reservation] = []
+        order: list[str] = []
     else:
         result = solve(
             pending,
@@ -304,6 +307,7 @@ def decide_vcluster(
         )
         proposals, waiting = list(result.proposals), list(result.pending)
         scores, reservations = dict(result.scores), list(result.reservations)
+        order = result.order
     waiting = [*waiting, *limited]
     proposals, waiting = shrink_ranges(m, vc, pending, proposals, waiting, now)
     if kind != SchedulerType.SENSITIVE_RESERVATION:  # claimed nodes are not interchangeable
@@ -326,6 +330,7 @@ def decide_vcluster(
         backfill_depth=depth,
         cost_seconds=cost_seconds,
         context=ctx,
+        order=order,
     )
 
 

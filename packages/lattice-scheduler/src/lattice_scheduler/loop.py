@@ -293,14 +293,13 @@ class Scheduler:
 
     def _rank(self, vc: str, d: decide.CycleDecision) -> None:
         """Keep a full cycle's order for the hand-over cycles until the next full one."""
-        if not d.scores or d.context is None:
+        if not d.order or d.context is None:
             self._ranked.pop(vc, None)
             return
         self._context[vc] = d.context
-        ranked = list(decide.solver_order([a for a in d.queue if a.id in d.scores], d.scores))
         reserved = {r.allocation_id for r in d.reservations}
-        self._ranked[vc] = ranked
-        self._reach[vc] = max((i + 1 for i, a in enumerate(ranked) if a in reserved), default=0)
+        self._ranked[vc] = d.order
+        self._reach[vc] = max((i + 1 for i, a in enumerate(d.order) if a in reserved), default=0)
 
     def _handed_over(self, nodes: list[Node]) -> bool:
         """A node of this scheduler's vClusters lost its next allocation (a hand-over,

@@ -138,6 +138,8 @@ class SolveResult(msgspec.Struct):
     reservations: list[Reservation]
     pending: list[Pending]
     scores: dict[str, float] = msgspec.field(default_factory=dict)
+    #: the ids in the order the queue was considered (step 1)
+    order: list[str] = msgspec.field(default_factory=list)
 
     @property
     def reasons(self) -> dict[str, str]:
@@ -881,7 +883,9 @@ def solve(
         order.append((-s, -a.spec.preemption_class, a.submitted_at, a.id, i))
     order.sort()  # the position breaks no tie the id does not (ids are unique)
     queue = [queue[key[-1]] for key in order]
-    result = SolveResult(proposals=[], reservations=[], pending=[], scores=scores)
+    result = SolveResult(
+        proposals=[], reservations=[], pending=[], scores=scores, order=[key[3] for key in order]
+    )
     if not queue:
         return result
     topo = topology if topology is not None else TopologyModel.from_nodes(nodes)
