@@ -409,22 +409,23 @@ def anchor(
                     par_submit_rate(c, submit_clients, submit_seconds)
                     for _ in range(max(1, submit_windows))
                 ]
-                rates = sorted(w["par_submits_per_s"] for w in windows)
-                out["submit"] = {
-                    **windows[-1],
-                    "windows": [w["par_submits_per_s"] for w in windows],
-                }
-                out["par_submits_per_s"] = rates[len(rates) // 2]
+                out["submit"] = _median_run(windows, "par_submits_per_s", "windows")
+                out["par_submits_per_s"] = out["submit"]["par_submits_per_s"]
             if jobs > 0:
                 runs = [end_to_end(c, jobs, e2e_clients) for _ in range(max(1, e2e_runs))]
-                rates = sorted(r["jobs_per_s"] for r in runs)
-                median = rates[len(rates) // 2]
-                best = next(r for r in runs if r["jobs_per_s"] == median)
-                out["e2e"][str(nodes)] = {**best, "run_rates": [r["jobs_per_s"] for r in runs]}
+                out["e2e"][str(nodes)] = _median_run(runs, "jobs_per_s", "run_rates")
     out["jobs_per_s"] = {n: v["jobs_per_s"] for n, v in out["e2e"].items()}
     out["loadavg_before"] = [round(x, 2) for x in load0]
     out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     return out
+
+
+def _median_run(runs: list[dict[str, Any]], key: str, every: str) -> dict[str, Any]:
+    """The run whose ``key`` is the median (the upper one of an even count: a real run,
+    never an average), with every run's ``key`` under ``every``."""
+    rates = [r[key] for r in runs]
+    median = sorted(rates)[len(rates) // 2]
+    return {**next(r for r in runs if r[key] == median), every: rates}
 
 
 def _version() -> str:
