@@ -126,6 +126,14 @@ def test_logs_outlive_the_agent_and_its_files(
 
 
 def test_follow_shows_new_lines_within_a_second(cluster: ClusterHandle) -> None:
+    # a node whose agent an earlier test killed stays schedulable until it is Down: a
+    # job placed there never runs, and goes back to the queue once the node is found lost
+    for gone in (x for x in cluster.cluster.agents if x.proc is None):
+        cluster.wait_for(
+            f"{gone.node_id} Down",
+            lambda n=gone.node_id: cluster.node(n)["state"] == "Down",
+            timeout=60,
+        )
     a = cluster.submit("for i in 1 2 3 4; do sleep 0.7; date +%s.%N; done; sleep 60")
     cluster.wait_state(a["id"], "Running", timeout=20)
     proc = subprocess.Popen(

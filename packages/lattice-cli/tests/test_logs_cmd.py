@@ -49,10 +49,31 @@ def test_window_node_and_tail_are_applied_by_the_server(api: Any) -> None:
 
     res = run("logs", a, "-f", "--since", str(T0 + 8), "--stdout", "--no-timestamps")
     assert res.exit_code == 0, res.output
-    sent = api.last()
+    sent = next(r for r in reversed(api.sent()) if r["path"].endswith("/logs/stream"))
     assert sent["path"] == f"/api/v1/allocations/{a}/logs/stream"
     assert sent["query"] == {"stream": "stdout", "since": repr(T0 + 8)}
     assert res.stdout.splitlines() == ["n0: line 8", "n1: line 9"]
 
     bad = run("logs", a, "--since", "last tuesday")
     assert bad.exit_code == 2 and "is not a time" in bad.stderr
+
+
+def test_follow_says_so_when_the_allocation_goes_back_to_the_queue(api: Any) -> None:
+    from lattice_common import commands as c
+
+    api.names()
+    a = api.running(["n0"]).id
+    api.logs.add(a, "epoch 1", node_id="n0", timestamp=T0)
+    # its node was lost while it ran: back to Pending, the output so far kept
+    api.propose(c.RequeueAllocation(allocation_id=a, reason="node_failure"))
+
+    res = run("logs", a, "-f", "--no-timestamps")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines() == ["epoch 1"]
+    assert f"allocation {a} went back to the queue (node_failure)" in res.stderr
+    assert f"Hint: `lattice logs {a} --follow` again once it runs" in res.stderr
+
+    # an allocation that ended: nothing more to say
+    done = api.ended().id
+    res = run("logs", done, "-f", "--no-timestamps")
+    assert res.exit_code == 0 and "queue" not in res.stderr, res.output

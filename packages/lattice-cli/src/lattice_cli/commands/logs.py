@@ -87,6 +87,18 @@ def logs(
             many = len(alloc.assigned_nodes) > 1 or (alloc.spec.nodes or 1) > 1
             async for line in client.stream_logs(alloc_id, tail=tail, stream=stream, **window):
                 show(line, many and not node)
+            # the stream also ends when the allocation goes back to the queue (its node
+            # was lost, or it was requeued): say so rather than end as if it had finished
+            now = await client.status(alloc_id)
+            if now.state == "Pending":
+                why = f" ({now.reason})" if now.reason else ""
+                print(
+                    f"lattice: allocation {alloc_id} went back to the queue{why}; "
+                    "following stopped.\n"
+                    f"Hint: `lattice logs {alloc_id} --follow` again once it runs "
+                    f"(`lattice status {alloc_id}` shows its state).",
+                    file=sys.stderr,
+                )
             return
         lines = await client.logs(alloc_id, tail=tail, stream=stream, **window)
         many = len({line.node_id for line in lines if line.node_id}) > 1
