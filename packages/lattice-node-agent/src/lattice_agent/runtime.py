@@ -562,7 +562,9 @@ class ProcessRuntime:
         self._uenv.release(rec.id)  # its mount namespace is gone with the group
         if self._shipper is not None and self._shipper.tracking(rec.id):
             # the group is gone, so is its output: read the rest, flush it before the end
-            # is reported (bounded; the shipper keeps trying after a failure)
+            # is reported (bounded; the shipper keeps trying after a failure). Not at the
+            # same time as the clean-up: what escaped the group writes until the scope's
+            # removal kills it
             rec.logs.drain()
             await self._shipper.finish(rec.id)
         self._feed(
