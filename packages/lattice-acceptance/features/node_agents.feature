@@ -48,6 +48,14 @@ Feature: Node agents
     When the agent is started again
     Then the node is Ready again and holds nothing
 
+  Scenario: Following the output of a job whose node dies ends by saying the job went back to the queue
+    Given a job that prints a line every half second until I release it
+    And the other node is busy with a job that runs until I release it
+    When I follow the job's output with lattice logs --follow
+    And the job's node dies: its agent and the job's processes are killed
+    Then the follow shows the job's lines, then ends saying the job went back to the queue, with a hint to follow it again once it runs
+    And the job is Pending, waiting for a node
+
   Scenario: A node silent for less than the grace period comes back Ready and its job is undisturbed
     Given a job that runs for 6 seconds
     When the agent of the job's node stops answering

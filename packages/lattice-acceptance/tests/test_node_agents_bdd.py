@@ -20,7 +20,10 @@ import contextlib
 import json
 import os
 import re
+import select
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -59,6 +62,8 @@ class World(ClusterWorld):
     died_at: float = 0.0
     node_states: list[str] = field(default_factory=list)
     job_while_degraded: list[str] = field(default_factory=list)
+    follow: subprocess.Popen[str] | None = None  # lattice logs --follow, running
+    followed: list[str] = field(default_factory=list)  # what it printed so far
 
     @property
     def job(self) -> Job:
@@ -86,6 +91,9 @@ def _restore(w: World) -> None:
     local = w.cluster.cluster
     if w.recorder is not None:
         w.recorder.stop()
+    if w.follow is not None and w.follow.poll() is None:
+        w.follow.kill()
+        w.follow.communicate()
     if w.stopped is not None:
         w.stopped.proc.send_signal(signal.SIGCONT)
     if w.original_args is not None:
@@ -197,6 +205,81 @@ def ends_completed(world: World, which: str) -> None:
     assert (a["state"], a["exit_code"], a["assigned_nodes"]) == ("Completed", 0, [node]), a
     assert a["requeue_count"] == (0 if which == "same" else 1), a
     assert a["submitted_at"] == world.running["submitted_at"], (a, world.running)
+
+
+@given("a job that prints a line every half second until I release it")
+def job_printing_until_released(world: World) -> None:
+    d = world.workdir / "ticker"
+    _submit(
+        world,
+        "ticker",
+        f"i=0; while [ ! -e {d}/release ]; do i=$((i+1)); echo tick $i; sleep 0.5; done",
+    )
+
+
+@given("the other node is busy with a job that runs until I release it")
+def other_node_busy(world: World) -> None:
+    blocker = world.submit("blocker", until_released=True, directives=("--walltime=1m",))
+    a = world.cluster.wait_state(blocker.id, "Running", timeout=TIMEOUT)
+    assert a["assigned_nodes"] == [world.other], a
+
+
+@when("I follow the job's output with lattice logs --follow")
+def follow_output(world: World) -> None:
+    world.follow = subprocess.Popen(
+        [sys.executable, "-m", "lattice_cli.main", "logs", world.job.id, "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=world.cluster.cli_env(),
+        cwd=world.workdir,
+    )
+    # the live stream is open once the job's ticks come through it
+    world.cluster.wait_for(
+        "the job's ticks through the follow",
+        lambda: _read_ticks(world.follow, world.followed),
+        timeout=TIMEOUT,
+    )
+
+
+def _ticks(lines: list[str]) -> list[str]:
+    return [ln for ln in lines if re.search(r"\btick \d+$", ln)]
+
+
+def _read_ticks(proc: subprocess.Popen[str], into: list[str]) -> bool:
+    assert proc.stdout is not None
+    if select.select([proc.stdout], [], [], 0.2)[0]:
+        into.append(proc.stdout.readline().rstrip("\n"))
+    return bool(_ticks(into))
+
+
+@then(
+    "the follow shows the job's lines, then ends saying the job went back to the queue, with "
+    "a hint to follow it again once it runs"
+)
+def follow_ends_requeued(world: World) -> None:
+    proc = world.follow
+    assert proc is not None
+    try:
+        # Down after the heartbeat timeout and the grace period, then requeued
+        rest, err = proc.communicate(timeout=RECOVERY_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(
+            "lattice logs --follow did not end once the job was requeued"
+        ) from None
+    ticks = _ticks(world.followed + rest.splitlines())
+    # every line the job printed before its node died, in order, none twice
+    assert [t.rsplit(" ", 1)[1] for t in ticks] == [str(i) for i in range(1, len(ticks) + 1)]
+    assert proc.returncode == 0, err
+    assert f"lattice: allocation {world.job.id} went back to the queue" in err, err
+    assert f"Hint: `lattice logs {world.job.id} --follow` again once it runs" in err, err
+
+
+@then("the job is Pending, waiting for a node")
+def pending_again(world: World) -> None:
+    a = world.cluster.get(world.job.id)
+    assert a["state"] == "Pending" and a["requeue_count"] == 1, a
 
 
 @then("the job ran once")
