@@ -353,8 +353,12 @@ def test_logs(api):
     assert api.last()["query"] == {"tail": "1", "stream": "stderr"}
     followed = run("logs", a1, "-f", "--no-timestamps")
     assert followed.exit_code == 0
-    assert followed.stdout == "Epoch 1/100\n"
-    assert api.last()["path"] == f"/api/v1/allocations/{a1}/logs/stream"
+    assert followed.stdout == "Epoch 1/100\n" and followed.stderr == "warn\n"
+    # the stream, then the allocation's state (still Running: nothing more to say)
+    assert [r["path"] for r in api.sent()[-2:]] == [
+        f"/api/v1/allocations/{a1}/logs/stream",
+        f"/api/v1/allocations/{a1}",
+    ]
     as_json = run("logs", a1, "-o", "json").stdout.splitlines()
     assert [json.loads(x)["line"] for x in as_json] == ["Epoch 1/100", "warn"]
     assert run("logs", "missing").exit_code == 1
