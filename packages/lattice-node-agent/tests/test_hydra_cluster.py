@@ -149,7 +149,12 @@ class Node:
             channels=self.channels,
             address_of=address_of,
             allocation=lambda aid: alloc if aid == alloc.id else None,
+            watch_grace=WATCH_GRACE,
         )
+
+
+#: how long the tests' allocation sockets wait for a launcher to watch its launch
+WATCH_GRACE = 2.0
 
 
 @pytest.fixture
@@ -296,6 +301,42 @@ async def test_launcher_going_away_kills_the_command(node: Node, tmp_path: Path)
     assert al.finished and al.result is not None and al.result.aborted
     assert "lattice-mpi-launcher went away" in al.result.reason
     assert not Path(f"/proc/{pid}").exists() or _state(pid) == "Z"
+
+
+async def test_a_launch_its_launcher_never_watches_is_ended_after_the_grace(
+    node: Node, tmp_path: Path
+) -> None:
+    """A launcher killed between starting its command and watching it (the window
+    the stream's end does not cover): the command does not outlive it for long."""
+    marker = tmp_path / "started"
+    path, _ = connectable_path(str(node.sockets.path(node.alloc.id)))
+    channel = Channel(path=path)
+    try:
+        await v1.NodeAgentServiceStub(channel).launch_processes(
+            v1.LaunchProcessesRequest(
+                allocation_id=node.alloc.id,
+                task_id="never-watched",
+                argv=["/bin/sh", "-c", f"touch {marker}; exec sleep 300"],
+                local_tasks=1,
+                world_size=1,
+                mpi="none",
+                node_ids=["n0"],
+                ranks_per_node=[1],
+            ),
+            timeout=10,
+        )
+    finally:
+        channel.close()  # gone without a WatchLaunch
+    t0 = time.monotonic()
+    (al,) = node.launches._launches.values()
+    assert al.local is not None
+    deadline = t0 + WATCH_GRACE + 10
+    while not al.finished and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert al.finished and al.result is not None and al.result.aborted
+    assert al.result.reason == "lattice-mpi-launcher went away before watching it"
+    assert time.monotonic() - t0 >= WATCH_GRACE - 0.1  # not before the grace
+    assert marker.exists()
 
 
 # ---------------------------------------------------------------- real cluster, real mpirun

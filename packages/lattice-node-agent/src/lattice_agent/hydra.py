@@ -79,6 +79,11 @@ _UNSET_THEN_EXEC = f'unset {" ".join(_LAUNCH_ONLY_VARS)}; exec "$0" "$@"'
 #: NodeService.GetNode(node_id).agent_address
 AddressOf = Callable[[str], Awaitable[str]]
 
+#: seconds a launch started through an allocation socket waits for its launcher to watch
+#: it; a launcher opens the watch right after the start, so one that has not by then went
+#: away in between (killed, interrupted) and its command must not outlive it
+WATCH_GRACE = 10.0
+
 
 def _denied(what: str) -> GRPCError:
     return grpclib.GRPCError(Status.PERMISSION_DENIED, what)
@@ -96,8 +101,12 @@ class AllocationAgentService(v1.NodeAgentServiceBase):
         channels: AgentChannels,
         address_of: AddressOf,
         allocation: Callable[[str], Allocation | None],
+        watch_grace: float = WATCH_GRACE,
     ) -> None:
         self.alloc_id = alloc_id
+        self.watch_grace = watch_grace
+        #: launches a launcher is watching now
+        self._watched: set[str] = set()
         self.node_id = node_id
         self.launches = launches
         self.channels = channels
@@ -148,6 +157,7 @@ class AllocationAgentService(v1.NodeAgentServiceBase):
             except LatticeError as e:
                 raise grpc_error(e) from None
             self._where[req.task_id] = (node, "")
+            self._expect_watch(req.task_id)
             return v1.LaunchProcessesResponse(task_id=req.task_id, pids=pids)
         address = await self._address(node)
         try:
@@ -157,7 +167,26 @@ class AllocationAgentService(v1.NodeAgentServiceBase):
                 Status.UNAVAILABLE, f"node {node}'s agent at {address} is unreachable: {e}"
             ) from None
         self._where[req.task_id] = (node, address)
+        self._expect_watch(req.task_id)
         return resp
+
+    def _expect_watch(self, task_id: str) -> None:
+        asyncio.get_running_loop().call_later(self.watch_grace, self._end_unwatched, task_id)
+
+    def _end_unwatched(self, task_id: str) -> None:
+        """The grace is over: a launch no launcher watches is ended. (A watch that ended
+        took its launch out of ``_where`` and ended it itself if it had to.)"""
+        if task_id in self._watched or task_id not in self._where:
+            return
+        node, address = self._where.pop(task_id)
+        log.warning(
+            "launch %s of allocation %s: no lattice-mpi-launcher watched it within %.0fs; "
+            "ending it",
+            task_id,
+            self.alloc_id,
+            self.watch_grace,
+        )
+        self._abort(task_id, node, address, "lattice-mpi-launcher went away before watching it")
 
     async def _address(self, node: str) -> str:
         try:
@@ -183,6 +212,7 @@ class AllocationAgentService(v1.NodeAgentServiceBase):
             )
         node, address = where
         done = False
+        self._watched.add(message.task_id)
         try:
             if not address:
                 try:
@@ -200,15 +230,18 @@ class AllocationAgentService(v1.NodeAgentServiceBase):
                 Status.UNAVAILABLE, f"node {node}'s agent at {address} went away: {e}"
             ) from None
         finally:
+            self._watched.discard(message.task_id)
             self._where.pop(message.task_id, None)
             if not done:  # the launcher left before its command ended: end the command
                 self._abort(message.task_id, node, address)
 
-    def _abort(self, task_id: str, node: str, address: str) -> None:
+    def _abort(
+        self, task_id: str, node: str, address: str, reason: str = "lattice-mpi-launcher went away"
+    ) -> None:
         req = v1.AbortRequest(
             allocation_id=self.alloc_id,
             task_id=task_id,
-            reason="lattice-mpi-launcher went away",
+            reason=reason,
             exit_status=255,
             failed_rank=-1,
             failed_node=node,
@@ -291,8 +324,10 @@ class HydraSockets:
         address_of: AddressOf,
         allocation: Callable[[str], Allocation | None],
         identities: IdentityPolicy | None = None,
+        watch_grace: float = WATCH_GRACE,
     ) -> None:
         self.node_id = node_id
+        self.watch_grace = watch_grace
         self.work_dir = Path(work_dir).absolute()
         self.identities = identities
         self.launches = launches
@@ -377,6 +412,7 @@ class HydraSockets:
                     channels=self.channels,
                     address_of=self.address_of,
                     allocation=self.allocation,
+                    watch_grace=self.watch_grace,
                 )
             ]
         )
