@@ -65,7 +65,14 @@ from lattice_scheduler.placement import (
     plan_cycle,
 )
 from lattice_scheduler.preemption import PreemptionPolicy, non_preemptible, select_victims
-from lattice_scheduler.solver import REASON_OCCUPIED, Pending, Proposal, Reservation, solve
+from lattice_scheduler.solver import (
+    REASON_OCCUPIED,
+    Pending,
+    Proposal,
+    Reservation,
+    queue_key,
+    solve,
+)
 from lattice_scheduler.topology import TopologyModel
 
 OCCUPIED = REASON_OCCUPIED
@@ -188,14 +195,8 @@ def starting_size(a: Allocation) -> Allocation:
 
 
 def solver_order(pending: Iterable[Allocation], scores: Mapping[str, float]) -> tuple[str, ...]:
-    """Step 1 of ``solver.solve``: score descending, then preemption class descending,
-    original submit time, id."""
-    return tuple(
-        a.id
-        for a in sorted(
-            pending, key=lambda a: (-scores[a.id], -a.spec.preemption_class, a.submitted_at, a.id)
-        )
-    )
+    """Step 1 of ``solver.solve`` (``solver.queue_key``)."""
+    return tuple(a.id for a in sorted(pending, key=lambda a: queue_key(a, scores[a.id])))
 
 
 def queue_order(

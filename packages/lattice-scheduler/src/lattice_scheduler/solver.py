@@ -845,6 +845,12 @@ class _Cycle:
 # --- the solver -----------------------------------------------------------------------
 
 
+def queue_key(a: Allocation, score: float) -> tuple[float, int, float, str]:
+    """Step 1's order of the queue: score descending, then preemption class descending,
+    original submit time, id (unique: it breaks every tie)."""
+    return (-score, -a.spec.preemption_class, a.submitted_at, a.id)
+
+
 def solve(
     pending: Iterable[Allocation],
     nodes: Mapping[str, Node] | Iterable[Node],
@@ -876,15 +882,10 @@ def solve(
         and a.id not in skip
         and (not vcluster or a.spec.vcluster == vcluster)
     ]
-    scores: dict[str, float] = {}
-    order: list[tuple[float, int, float, str, int]] = []
-    for i, a in enumerate(queue):
-        s = scores[a.id] = float(score(a))
-        order.append((-s, -a.spec.preemption_class, a.submitted_at, a.id, i))
-    order.sort()  # the position breaks no tie the id does not (ids are unique)
-    queue = [queue[key[-1]] for key in order]
+    scores = {a.id: float(score(a)) for a in queue}
+    queue.sort(key=lambda a: queue_key(a, scores[a.id]))
     result = SolveResult(
-        proposals=[], reservations=[], pending=[], scores=scores, order=[key[3] for key in order]
+        proposals=[], reservations=[], pending=[], scores=scores, order=[a.id for a in queue]
     )
     if not queue:
         return result
