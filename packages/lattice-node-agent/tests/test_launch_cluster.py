@@ -184,6 +184,8 @@ def test_agent_death_aborts_the_launch(cluster: ClusterHandle, programs: dict[st
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not _ranks_running(second):
             time.sleep(0.1)
+        # a launch that failed before its ranks ran says why on stderr
+        assert _ranks_running(second), holder.get("r") or "no ranks and no answer in 30 s"
         time.sleep(1.0)
         victim.proc.send_signal(signal.SIGKILL)
         t.join(60)
