@@ -52,7 +52,9 @@ def test_busy_job_cpu_reaches_victoria_metrics(tmp_path: Path) -> None:
             interval=0.25,
         )
         print(f"cpu_utilization mean after {time.time() - started:.1f}s: {got[0]['value'][1]}")
-        assert float(got[0]["value"][1]) > 50
+        # busy, not idle (~0): on a loaded 2-core machine the loop got 40 % of a core
+        # in CI, so the bar is well below a whole core
+        assert float(got[0]["value"][1]) > 20
         labels = got[0]["metric"]
         assert labels["node_id"] == running["assigned_nodes"][0] == "node-001"
         assert labels["tenant"] == h.cluster.tenant
