@@ -10,9 +10,10 @@ Feature: Diagnostics of a running job (lattice diag)
   Background:
     Given a running Lattice cluster with 2 nodes
 
-  Scenario: A running job's lattice diag shows its working directory's mount healthy
+  Scenario: A running job's lattice diag shows its working directory's mount and the mark its figures earn
     Given a job that runs until released
     When the user runs "lattice diag" on the job
-    Then the storage section marks the job's working directory ok on the node that runs it
+    Then the storage section shows the job's working directory on the node that runs it
+    And its mark is the one its free space and probe time earn (✓ under 100 ms and over 10 % free, ⚠ under 1 s and over 2 % free, else ✗)
     And lattice diag -o json reports that directory's mount with its free space and probe time
     And lattice diag --network shows the group span of the job's node and no storage section
