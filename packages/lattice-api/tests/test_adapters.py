@@ -380,3 +380,28 @@ async def test_a_tenants_maximum_preemption_class_caps_its_users(served: Any) ->
         "PATCH", "/api/v1/tenants/capped", ROOT, {"max_preemption_class": 11}
     )
     assert status == 400 and "0 to 10" in err["error"]["message"]
+
+
+async def test_a_caller_that_closed_its_stream_is_not_an_unhandled_error(
+    served: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A caller that resets the stream (it gave up) while the answer is being made: h2
+    refuses the send with StreamClosedError. That is the caller's doing: logged at info,
+    counted as CANCELLED, and no 'unhandled error' traceback in the server's log."""
+    import h2.exceptions
+    from lattice_api.http import REQUESTS
+
+    api, w, _rest, channel = served
+
+    async def closed(*_: Any, **__: Any) -> Any:
+        raise h2.exceptions.StreamClosedError(1)
+
+    monkeypatch.setattr(api.ops.allocations, "find", closed)
+    name = "/lattice.v1.AllocationService/Get"
+    before = REQUESTS.labels(name, "CANCELLED")._value.get()
+    with caplog.at_level("INFO"), pytest.raises(grpclib.GRPCError) as e:
+        await grpc(channel, ALICE).alloc.get(v1.GetAllocationRequest(id=w.alice_pending))
+    assert e.value.status == Status.CANCELLED
+    assert REQUESTS.labels(name, "CANCELLED")._value.get() == before + 1
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
+    assert f"{name}: the caller closed the stream before the answer" in caplog.text

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import grpclib
+import h2.exceptions
 from grpclib.const import Cardinality, Status
 from grpclib.events import RecvRequest, listen
 from grpclib.exceptions import ProtocolError
@@ -90,6 +91,12 @@ def install_interceptor(
             except grpclib.GRPCError as e:
                 status = e.status.name
                 raise
+            except h2.exceptions.StreamClosedError:
+                # the caller reset the stream (gave up, timed out) between our await and
+                # the answer: nobody to answer, nothing wrong on our side
+                status = "CANCELLED"
+                log.info("%s: the caller closed the stream before the answer", name)
+                raise grpclib.GRPCError(Status.CANCELLED, "the caller closed the stream") from None
             except Exception:
                 status = "INTERNAL"
                 log.exception("unhandled error in %s", name)
