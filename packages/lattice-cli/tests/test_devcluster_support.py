@@ -63,3 +63,32 @@ def test_ports_are_never_handed_out_twice_nor_from_the_ephemeral_range(
         monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
         drawn[worker] = [free_port() for _ in range(100)]
     assert max(drawn["gw0"]) < min(drawn["gw1"])
+
+
+def test_the_checkpoint_root_is_made_only_when_it_is_a_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dev cluster makes its checkpoint directory (the broker probes it), but an
+    ``s3://`` root is a bucket: nothing named ``s3:`` appears where it was started."""
+    started_in = tmp_path / "cwd"
+    started_in.mkdir()
+    monkeypatch.chdir(started_in)
+    LocalCluster(
+        tmp_path / "a",
+        members=1,
+        agents=1,
+        tsdb=False,
+        env={"LATTICE_CHECKPOINT__CHECKPOINT_ROOT": "s3://bucket/prefix"},
+    )
+    assert list(started_in.iterdir()) == []
+    LocalCluster(tmp_path / "b", members=1, agents=1, tsdb=False)
+    assert (tmp_path / "b" / "checkpoints").is_dir()
+    shared = tmp_path / "shared" / "ckpt"
+    LocalCluster(
+        tmp_path / "c",
+        members=1,
+        agents=1,
+        tsdb=False,
+        env={"LATTICE_CHECKPOINT__CHECKPOINT_ROOT": str(shared)},
+    )
+    assert shared.is_dir()

@@ -202,9 +202,13 @@ class LocalCluster:
         # checkpoints: one directory of this cluster, shared by its agents (a job resumes
         # on any node), unless the environment names one
         self.env.setdefault("LATTICE_CHECKPOINT__CHECKPOINT_ROOT", str(self.base / "checkpoints"))
-        # the broker's write probe wants the destination to exist (as a mount would)
-        with contextlib.suppress(OSError):
-            Path(self.env["LATTICE_CHECKPOINT__CHECKPOINT_ROOT"]).mkdir(parents=True, exist_ok=True)
+        # the broker's write probe wants a file-system destination to exist (as a mount
+        # would); an s3:// root (or a wrong one, which the components refuse with a
+        # hint) is no directory of the working directory
+        root = self.env["LATTICE_CHECKPOINT__CHECKPOINT_ROOT"].strip()
+        if os.path.isabs(root):
+            with contextlib.suppress(OSError):
+                Path(root).mkdir(parents=True, exist_ok=True)
         self.members: list[Member] = []
         self.schedulers: dict[str, subprocess.Popen[bytes]] = {}
         self.agents: list[AgentProc] = []
