@@ -18,33 +18,6 @@ import pytest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
-# what only the leader's memory holds (heartbeats) or moves on its own (pending reasons
-# and estimates are recomputed by the scheduler every cycle)
-_VOLATILE_ALLOC = {"pending_reasons", "estimated_start", "revision", "pending_reason"}
-# what a node reports with its heartbeats (not replicated: ADR-019) comes back when its
-# agent reports to the restored quorum
-_VOLATILE_NODE = {
-    "last_heartbeat",
-    "health",
-    "utilization",
-    "heartbeat_age_seconds",
-    "revision",
-    "agent_identity",
-    "telemetry",
-}
-
-
-def _without(d: dict[str, Any], keys: set[str]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if k not in keys}
-
-
-def _view(h: Any) -> dict[str, Any]:
-    allocs = {a["id"]: _without(a, _VOLATILE_ALLOC) for a in h.allocations()}
-    nodes = {n["id"]: _without(n, _VOLATILE_NODE) for n in h.nodes()}
-    tenants = {t["name"]: t for t in h.request("GET", "/api/v1/tenants")["tenants"]}
-    vclusters = {v["name"]: v for v in h.request("GET", "/api/v1/vclusters")["vclusters"]}
-    return {"allocations": allocs, "nodes": nodes, "tenants": tenants, "vclusters": vclusters}
-
 
 def _server(cl: Any, member: Any, *extra: str) -> subprocess.CompletedProcess[str]:
     """lattice-server in the foreground (for runs that must refuse and exit)."""
@@ -85,7 +58,7 @@ def test_create_wipe_restore_gives_back_the_same_cluster(cluster_factory, tmp_pa
     idle = next(n["id"] for n in h.nodes() if n["id"] != busy)
     h.request("POST", f"/api/v1/nodes/{idle}/drain", {"reason": "before the backup"})
     h.wait_for("the idle node drained", lambda: h.node(idle)["state"] == "Drained")
-    before = _view(h)
+    before = h.state_view()
     assert set(before["allocations"]) >= {done, running, waiting}
 
     backup = tmp_path / "cluster.lattice"
@@ -124,11 +97,7 @@ def test_create_wipe_restore_gives_back_the_same_cluster(cluster_factory, tmp_pa
     assert not (m1.dir / "raft" / "cluster.json").exists()
 
     # restore: member 1 from the file, the others join as usual
-    m1.proc = cl._spawn(
-        "member-1",
-        "lattice_api.main",
-        ["--config", str(m1.dir / "config.yaml"), "--recover-from", str(backup), "--bootstrap"],
-    )
+    cl.start_member(m1, recover_from=backup)  # --bootstrap: its data dir is empty
     for m in cl.members[1:]:
         cl.start_member(m)
     cl.leader(timeout=60)
@@ -138,13 +107,8 @@ def test_create_wipe_restore_gives_back_the_same_cluster(cluster_factory, tmp_pa
         lambda: cl._get(m1.rest_url + "/healthz", quiet=True),
         timeout=120,
     )
-    after = _view(h)
-    for kind in before:
-        for key, record in before[kind].items():
-            got = after[kind].get(key, {})
-            diff = {f: (v, got.get(f)) for f, v in record.items() if got.get(f) != v}
-            assert not diff, f"{kind} {key} changed: {diff}"
-        assert set(after[kind]) == set(before[kind]), kind
+    after = h.state_view()
+    assert h.state_differences(before, after) == []
 
     # every member holds it, not only the one that restored it
     for m in cl.members:

@@ -72,6 +72,7 @@ class World:
     last: subprocess.CompletedProcess[str] | None = None
     weights: dict[str, float] = field(default_factory=dict)
     stored_before: int = 0  # how many allocations there were before a refused submission
+    state_before: dict[str, Any] = field(default_factory=dict)  # ClusterHandle.state_view
 
     @property
     def cluster(self) -> ClusterHandle:

@@ -453,8 +453,12 @@ class LocalCluster:
 
     # --- members --------------------------------------------------------------------
 
-    def start_member(self, m: Member) -> None:
+    def start_member(self, m: Member, recover_from: Path | None = None) -> None:
+        """``recover_from``: a backup file this member restores into its (empty) data
+        directory (``lattice-server --recover-from``, spec: Backup & Restore)."""
         args = ["--config", str(m.dir / "config.yaml")]
+        if recover_from is not None:
+            args += ["--recover-from", str(recover_from)]
         if m.id == 1 and not (m.dir / "raft" / "cluster.json").exists():
             args.append("--bootstrap")
         m.proc = self._spawn(f"member-{m.id}", "lattice_api.main", args)

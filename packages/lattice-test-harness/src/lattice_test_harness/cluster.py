@@ -21,6 +21,24 @@ from lattice_cli.devcluster import LocalCluster
 
 TERMINAL = ("Completed", "Failed", "Cancelled")
 
+# what a restore need not give back: what only the leader's memory holds or the
+# scheduler recomputes every cycle (pending reasons, estimates), and what a node reports
+# with its heartbeats (not replicated: ADR-019), back once its agent reports again
+VOLATILE_ALLOCATION_FIELDS = frozenset(
+    {"pending_reasons", "estimated_start", "revision", "pending_reason"}
+)
+VOLATILE_NODE_FIELDS = frozenset(
+    {
+        "last_heartbeat",
+        "health",
+        "utilization",
+        "heartbeat_age_seconds",
+        "revision",
+        "agent_identity",
+        "telemetry",
+    }
+)
+
 
 class ApiError(Exception):
     def __init__(self, status: int, body: dict[str, Any]) -> None:
@@ -99,6 +117,45 @@ class ClusterHandle:
             ln["line"]
             for ln in self.request("GET", f"/api/v1/allocations/{alloc_id}/logs")["lines"]
         ]
+
+    # --- the replicated state, as a restore must give it back -------------------------
+
+    def state_view(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Every allocation, node, tenant and vCluster as the API shows them, less the
+        volatile fields (:data:`VOLATILE_ALLOCATION_FIELDS`, :data:`VOLATILE_NODE_FIELDS`)."""
+
+        def without(d: dict[str, Any], keys: frozenset[str]) -> dict[str, Any]:
+            return {k: v for k, v in d.items() if k not in keys}
+
+        return {
+            "allocations": {
+                a["id"]: without(a, VOLATILE_ALLOCATION_FIELDS) for a in self.allocations()
+            },
+            "nodes": {n["id"]: without(n, VOLATILE_NODE_FIELDS) for n in self.nodes()},
+            "tenants": {t["name"]: t for t in self.request("GET", "/api/v1/tenants")["tenants"]},
+            "vclusters": {
+                v["name"]: v for v in self.request("GET", "/api/v1/vclusters")["vclusters"]
+            },
+        }
+
+    @staticmethod
+    def state_differences(
+        before: dict[str, dict[str, dict[str, Any]]], after: dict[str, dict[str, dict[str, Any]]]
+    ) -> list[str]:
+        """What differs between two :meth:`state_view` answers, a line per record (a
+        field that changed, a record missing or new); empty when they agree."""
+        found = []
+        for kind, records in before.items():
+            now = after.get(kind, {})
+            for key, record in records.items():
+                if key not in now:
+                    found.append(f"{kind} {key} missing")
+                    continue
+                diff = {f: (v, now[key].get(f)) for f, v in record.items() if now[key].get(f) != v}
+                if diff:
+                    found.append(f"{kind} {key} changed: {diff}")
+            found += [f"{kind} {key} is new" for key in now if key not in records]
+        return found
 
     # --- waiting ---------------------------------------------------------------------
 
