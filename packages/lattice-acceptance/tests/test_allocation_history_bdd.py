@@ -10,10 +10,9 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from lattice_acceptance.world import World, show
+from lattice_acceptance.world import World, module_world, show
 from lattice_common.rpc import Endpoints, RemoteQuorum
 from lattice_test_harness.cluster import ClusterHandle
 from lattice_test_harness.plugin import make_cluster
@@ -37,11 +36,7 @@ def history_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
     h.cluster.stop()
 
 
-@pytest.fixture
-def world(history_cluster: ClusterHandle, tmp_path: Path) -> Iterator[World]:
-    w = World.on(history_cluster, tmp_path)
-    yield w
-    w.clean_up()
+world = module_world("history_cluster")  # the scenarios share the module's cluster
 
 
 @given(

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lattice_acceptance.world import World, show
+from lattice_acceptance.world import World, module_world, show
 from lattice_test_harness.cluster import ClusterHandle
 from lattice_test_harness.plugin import make_cluster
 from pytest_bdd import given, parsers, scenarios, then, when
@@ -50,11 +50,7 @@ def snapshot_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clust
     h.cluster.stop()
 
 
-@pytest.fixture
-def world(snapshot_cluster: ClusterHandle, tmp_path: Path) -> Iterator[World]:
-    w = World.on(snapshot_cluster, tmp_path)
-    yield w
-    w.clean_up()
+world = module_world("snapshot_cluster")  # the scenarios share the module's cluster
 
 
 def _snapshots(world: World) -> Path:

@@ -63,7 +63,7 @@ class World(ClusterWorld):
     node_states: list[str] = field(default_factory=list)
     job_while_degraded: list[str] = field(default_factory=list)
     follow: subprocess.Popen[str] | None = None  # lattice logs --follow, running
-    followed: list[str] = field(default_factory=list)  # what it printed so far
+    followed: bytes = b""  # what it printed so far (read from its pipe, unbuffered)
 
     @property
     def job(self) -> Job:
@@ -237,7 +237,7 @@ def follow_output(world: World) -> None:
     # the live stream is open once the job's ticks come through it
     world.cluster.wait_for(
         "the job's ticks through the follow",
-        lambda: _read_ticks(world.follow, world.followed),
+        lambda: _read_ticks(world),
         timeout=TIMEOUT,
     )
 
@@ -246,11 +246,16 @@ def _ticks(lines: list[str]) -> list[str]:
     return [ln for ln in lines if re.search(r"\btick \d+$", ln)]
 
 
-def _read_ticks(proc: subprocess.Popen[str], into: list[str]) -> bool:
-    assert proc.stdout is not None
-    if select.select([proc.stdout], [], [], 0.2)[0]:
-        into.append(proc.stdout.readline().rstrip("\n"))
-    return bool(_ticks(into))
+def _read_ticks(world: World) -> bool:
+    """Read what the follow printed so far, straight from the pipe: the file object's
+    buffer would keep lines read ahead that ``communicate()`` (which reads the pipe
+    itself) never sees."""
+    proc = world.follow
+    assert proc is not None and proc.stdout is not None
+    fd = proc.stdout.fileno()
+    if select.select([fd], [], [], 0.2)[0]:
+        world.followed += os.read(fd, 1 << 16)
+    return bool(_ticks(world.followed.decode(errors="replace").splitlines()))
 
 
 @then(
@@ -268,7 +273,7 @@ def follow_ends_requeued(world: World) -> None:
         raise AssertionError(
             "lattice logs --follow did not end once the job was requeued"
         ) from None
-    ticks = _ticks(world.followed + rest.splitlines())
+    ticks = _ticks((world.followed.decode(errors="replace") + rest).splitlines())
     # every line the job printed before its node died, in order, none twice
     assert [t.rsplit(" ", 1)[1] for t in ticks] == [str(i) for i in range(1, len(ticks) + 1)]
     assert proc.returncode == 0, err

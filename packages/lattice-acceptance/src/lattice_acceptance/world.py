@@ -355,6 +355,21 @@ def shared_world(cls: type[World] = World) -> Any:
     return world
 
 
+def module_world(cluster_fixture: str, cls: type[World] = World) -> Any:
+    """The ``world`` fixture of a step module whose scenarios share a module-scoped
+    cluster of its own, configured for its feature (the fixture named
+    ``cluster_fixture``): ``world = module_world("history_cluster")``. After each
+    scenario whatever still runs is released and cancelled."""
+
+    @pytest.fixture
+    def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
+        w = cls.on(request.getfixturevalue(cluster_fixture), tmp_path)
+        yield w
+        w.clean_up()
+
+    return world
+
+
 def fresh_world(cls: type[World] = World) -> Any:
     """The ``world`` fixture of a step module whose scenarios each start their own
     cluster (``World.start_cluster`` through ``cluster_factory``): ``world =
