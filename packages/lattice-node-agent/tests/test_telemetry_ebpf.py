@@ -402,7 +402,9 @@ pathlib.Path({str(cg / "cgroup.procs")!r}).write_text(str(__import__("os").getpi
 import socket
 rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 rx.bind(("{net}.1", 0))
-pathlib.Path(sys.argv[1] + ".port").write_text(str(rx.getsockname()[1]))
+# written aside and renamed: the test must never read a created but still empty file
+pathlib.Path(sys.argv[1] + ".port.tmp").write_text(str(rx.getsockname()[1]))
+__import__("os").replace(sys.argv[1] + ".port.tmp", sys.argv[1] + ".port")
 tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 rx.settimeout(0.01)
 end = time.monotonic() + 20

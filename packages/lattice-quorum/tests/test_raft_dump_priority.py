@@ -22,9 +22,12 @@ class Probe:
         self.report = report
 
     def __getstate__(self) -> dict[str, Any]:
-        Path(self.report).write_text(
+        # written aside and renamed: the test polls for the file and reads it at once
+        aside = Path(self.report + ".tmp")
+        aside.write_text(
             f"{os.getpid()} {os.getpriority(os.PRIO_PROCESS, 0)} {int(gc.isenabled())}"
         )
+        os.replace(aside, self.report)
         return {"report": self.report}
 
 
